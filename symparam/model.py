@@ -1,0 +1,134 @@
+"""Model: a recipe's term tree as SymPy totals, active counts and breakdowns; exact ints by substitution."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import sympy as sp
+
+from symparam.components import EMBEDDINGS, Term, breakdown
+from symparam.config import Resolved, as_subs, read_config, read_preset, resolve
+from symparam.errors import SymparamError
+from symparam.recipes import REGISTRY, Recipe
+from symparam.symbols import SYMBOLS, latex
+
+
+@dataclass(frozen=True)
+class Count:
+    """Exact parameter counts of one configured model."""
+
+    total: int  # every parameter, tied weights once
+    active: int  # what one token uses: routed experts it does not visit left out
+    components: dict[str, int]  # bucket -> total
+    active_components: dict[str, int]  # bucket -> active
+
+    @property
+    def active_without_embedding(self) -> int:
+        """Active parameters less the input (and position) embedding tables, as vendors often quote."""
+        return self.active - sum(self.active_components.get(c, 0) for c in EMBEDDINGS)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "active": self.active,
+            "active_without_embedding": self.active_without_embedding,
+            "components": self.components,
+            "active_components": self.active_components,
+        }
+
+
+class Model:
+    """One architecture (a recipe with its switches set) as SymPy expressions, optionally with values."""
+
+    def __init__(self, recipe: Recipe, flags: Mapping[str, bool] | None = None, values: Mapping[str, int] | None = None, name: str = ""):
+        self.recipe = recipe
+        self.flags = {**recipe.default_flags(), **(flags or {})}
+        self.values = dict(values) if values is not None else None
+        self.name = name or recipe.title
+
+    @classmethod
+    def from_resolved(cls, r: Resolved) -> Model:
+        return cls(r.recipe, r.flags, r.values, r.name)
+
+    @cached_property
+    def tree(self) -> Term:
+        """The component tree every figure is computed from."""
+        return self.recipe.build(self.flags)
+
+    @cached_property
+    def total(self) -> sp.Expr:
+        """Total parameters as an expression in the canonical symbols."""
+        return sp.expand(self.tree.expr)
+
+    @cached_property
+    def active(self) -> sp.Expr:
+        """Parameters one token uses, as an expression."""
+        return sp.expand(self.tree.active)
+
+    @cached_property
+    def components(self) -> dict[str, sp.Expr]:
+        """Total parameters per component bucket (input embedding, attention, routed experts, ...)."""
+        return breakdown(self.tree)
+
+    @cached_property
+    def active_components(self) -> dict[str, sp.Expr]:
+        return breakdown(self.tree, active=True)
+
+    @property
+    def symbols(self) -> list[sp.Symbol]:
+        """The symbols the total depends on, in vocabulary order."""
+        free = self.total.free_symbols | self.active.free_symbols
+        return [s for s in SYMBOLS.values() if s in free]
+
+    def substitution(self, values: Mapping[Any, int] | None = None) -> dict[sp.Symbol, int]:
+        """Values for every symbol of the model, from `values` or the model's own config."""
+        given = self.values if values is None else {str(key): v for key, v in values.items()}
+        if given is None:
+            raise SymparamError(f"{self.name}: no values to substitute; pass a mapping such as {{'d': 4096, ...}}")
+        missing = [str(s) for s in self.symbols if str(s) not in given]
+        if missing:
+            raise SymparamError(f"{self.name}: no value for {', '.join(missing)}")
+        return as_subs({str(s): given[str(s)] for s in self.symbols})
+
+    def count(self, values: Mapping[Any, int] | None = None) -> Count:
+        """Exact integer counts: the expressions with the values substituted."""
+        subs = self.substitution(values)
+
+        def exact(expr: sp.Expr) -> int:
+            result = sp.sympify(expr).xreplace(subs)
+            if not result.is_Integer:
+                raise SymparamError(f"{self.name}: {expr} is not a whole number at these values")
+            return int(result)
+
+        return Count(
+            total=exact(self.total),
+            active=exact(self.active),
+            components={c: exact(e) for c, e in self.components.items()},
+            active_components={c: exact(e) for c, e in self.active_components.items()},
+        )
+
+    def _repr_latex_(self) -> str:
+        return f"$\\displaystyle \\text{{{self.name}}}: {latex(self.total)}$"
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r}, total={self.total})"
+
+
+def family(name: str) -> Model:
+    """The symbolic model of a family (`qwen3-moe` or `qwen3_moe`) with its library-default switches."""
+    return Model(REGISTRY.family(name))
+
+
+def load(source: str | Path | Mapping[str, Any], overrides: Mapping[str, int] | None = None, recipe: Recipe | None = None) -> Model:
+    """A model with values: from a preset name, a config.json path, or a config dict."""
+    if isinstance(source, Mapping):
+        raw, name = dict(source), ""
+    elif isinstance(source, str) and not source.endswith(".json") and "/" not in source:
+        raw, name = read_preset(source), source
+    else:
+        raw, name = read_config(source), str(source)
+    return Model.from_resolved(resolve(raw, recipe, overrides, name))
