@@ -1,0 +1,141 @@
+"""The `symparam` command: parse arguments, call the library, print text or JSON; errors exit 2 in one line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+import sympy as sp
+
+from symparam.config import presets, read_config, read_preset, resolve
+from symparam.errors import SymparamError
+from symparam.model import Model
+from symparam.recipes import REGISTRY, load_recipe
+
+
+def add_source(parser: argparse.ArgumentParser, arch_only: bool = False) -> None:
+    """The ways to name a model: a preset, a config.json, a family, or a recipe file, plus --set."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", metavar="NAME", help="a built-in preset (see `symparam list`)")
+    group.add_argument("--config", metavar="FILE", help="a Hugging Face config.json")
+    group.add_argument("--arch", metavar="ARCH", help="a family, e.g. qwen3-moe; values from --set")
+    group.add_argument("--recipe", metavar="FILE", help="a recipe TOML file describing a new architecture")
+    group.add_argument("--set", metavar="SYMBOL=INT", nargs="+", default=[], dest="sets", help="symbol values, e.g. d=4096 N=36")
+
+
+def parse_sets(items: list[str]) -> dict[str, int]:
+    """`--set d=4096 N=36` as {"d": 4096, "N": 36}; unknown symbols and non-integers are errors."""
+    from symparam.symbols import BY_NAME
+
+    values = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise SymparamError(f"--set {item}: expected SYMBOL=INT")
+        if name not in BY_NAME:
+            raise SymparamError(f"--set {name}: unknown symbol; known: {', '.join(BY_NAME)}")
+        try:
+            values[name] = int(text.replace("_", ""))
+        except ValueError:
+            raise SymparamError(f"--set {name}: expected an integer, got {text!r}") from None
+    return values
+
+
+def model_from(args: argparse.Namespace) -> Model:
+    """The Model that the source options name, with its values."""
+    given = [opt for opt in ("model", "config") if getattr(args, opt)]
+    if len(given) > 1:
+        raise SymparamError("give only one of --model and --config")
+    recipe = load_recipe(args.recipe) if args.recipe else REGISTRY.family(args.arch) if args.arch else None
+    if args.model:
+        raw, name = read_preset(args.model), args.model
+    elif args.config:
+        raw, name = read_config(args.config), args.config
+    elif recipe is not None:
+        raw, name = {}, recipe.title
+    else:
+        raise SymparamError("name a model: --model NAME, --config FILE, --arch ARCH or --recipe FILE")
+    return Model.from_resolved(resolve(raw, recipe, parse_sets(args.sets), name))
+
+
+def billions(x: int) -> str:
+    return f"{x / 1e9:.2f} B" if x >= 10**8 else f"{x / 1e6:.2f} M"
+
+
+def formula(expr: sp.Expr) -> str:
+    """An expression as one readable line, factored where that is shorter."""
+    factored = sp.factor(expr)
+    return str(factored if len(str(factored)) < len(str(expr)) else expr)
+
+
+def cmd_count(args: argparse.Namespace) -> str:
+    model = model_from(args)
+    count = model.count()
+    if args.json:
+        payload = {"name": model.name, "family": model.recipe.family, **count.as_dict()}
+        payload["formulas"] = {"total": str(model.total), "active": str(model.active), **{c: str(e) for c, e in model.components.items()}}
+        return json.dumps(payload, indent=2)
+    moe = count.active != count.total
+    lines = [
+        f"{model.name} ({model.recipe.title})",
+        f"total   {count.total:>19,}  ({billions(count.total)})",
+    ]
+    if moe:
+        lines.append(f"active  {count.active:>19,}  ({billions(count.active)}; one token's share of the routed experts)")
+    lines.append(f"active without input embedding {count.active_without_embedding:,} ({billions(count.active_without_embedding)}; as vendors often quote)")
+    tied = " (tied: stored once, in the input embedding)" if model.flags.get("lm_head.tied") else ""
+    rows = [(c + (tied if c == "LM head" else ""), formula(model.components[c]), f"{n:,}", f"{100 * n / count.total:.2f}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
+    header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
+    table = [header] + [r if moe else r[:4] for r in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines.append("")
+    for r in table:
+        lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip())
+    return "\n".join(lines)
+
+
+def cmd_list(args: argparse.Namespace) -> str:
+    families = [{"family": r.family, "title": r.title, "model_types": list(r.model_types), "summary": r.summary} for r in REGISTRY]
+    names = list(presets())
+    if args.json:
+        return json.dumps({"families": families, "presets": names}, indent=2)
+    width = max(len(f["family"]) for f in families)
+    lines = ["families (--arch):"] + [f"  {f['family']:<{width}}  {f['summary']}" for f in families]
+    lines += ["", "presets (--model):"] + [f"  {name}" for name in names]
+    return "\n".join(lines)
+
+
+# name -> (help, add arguments, run); each run returns the text to print.
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]] = {
+    "count": ("exact total, active and per-component parameter counts", add_source, cmd_count),
+    "list": ("families and presets", lambda p: None, cmd_list),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="symparam", description="Exact, closed-form parameter counts of transformer language models.")
+    sub = top.add_subparsers(dest="command", required=True)
+    for name, (help_text, add_arguments, run) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p)
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.set_defaults(run=run)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        print(args.run(args))
+    except SymparamError as e:
+        print(f"symparam: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `symparam list | head`
+        sys.stderr.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
