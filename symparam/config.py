@@ -95,11 +95,11 @@ def _values(config: dict[str, Any], needed: set[str], overrides: dict[str, int],
     return values
 
 
-def _check(symbol: str, field: str, value: Any) -> int:
+def _check(symbol: str, field: str, value: Any, meaning: str = "") -> int:
     low = 0 if symbol in MAY_BE_ZERO else 1
     if type(value) is not int or value < low:
         kind = "a non-negative" if low == 0 else "a positive"
-        raise SymparamError(f"{field}: expected {kind} integer ({BY_NAME[symbol].meaning}), got {value!r}")
+        raise SymparamError(f"{field}: expected {kind} integer ({meaning or BY_NAME[symbol].meaning}), got {value!r}")
     return value
 
 
@@ -127,12 +127,10 @@ def _dense_layers(layout: str, config: dict[str, Any], values: dict[str, int]) -
     if layout == "first_k_dense":
         return min(_check("N_dense", "first_k_dense_replace", config.get("first_k_dense_replace", 0)), layers)
     if layout == "sparse_step":
-        step = _check("N", "decoder_sparse_step", config.get("decoder_sparse_step", 1))
+        step = _check("N", "decoder_sparse_step", config.get("decoder_sparse_step", 1), "every how many layers one is MoE")
         only = config.get("mlp_only_layers", [])
         if not isinstance(only, list) or not all(type(i) is int for i in only):
             raise SymparamError(f"mlp_only_layers: expected a list of layer indices, got {only!r}")
-        if values.get("n", 1) == 0:
-            return layers
         return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
     return 0
 

@@ -35,7 +35,7 @@ TABLE: tuple[SymbolDef, ...] = (
     SymbolDef("k", "k", "experts per token", ("num_experts_per_tok",)),
     SymbolDef("d_moe", "d_{moe}", "expert FFN inner size", ("moe_intermediate_size",)),
     SymbolDef("n_s", "n_s", "shared experts", ("n_shared_experts",)),
-    SymbolDef("N_dense", "N_{dense}", "dense (non-MoE) decoder layers", ("first_k_dense_replace",)),
+    SymbolDef("N_dense", "N_{dense}", "dense (non-MoE) decoder layers; from the family's layer layout rule"),
     SymbolDef("P", "P", "learned positions", ("n_positions", "max_position_embeddings")),
     SymbolDef("r_q", "r_q", "query low-rank dimension (MLA)", ("q_lora_rank",)),
     SymbolDef("r_kv", "r_{kv}", "key/value latent dimension (MLA)", ("kv_lora_rank",)),

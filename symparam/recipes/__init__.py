@@ -154,7 +154,10 @@ def _check_option(source: str, section: str, name: str, value: Any, kind: Any) -
     if kind == FORMULA and value is not None:
         if not isinstance(value, str):
             raise SymparamError(f"{where}: expected a formula such as \"d_ff\", got {value!r}")
-        parse(value)
+        try:
+            parse(value)
+        except SymparamError as e:
+            raise SymparamError(f"{where}: {e}") from None
     if kind is int and (type(value) is not int or value < 0):
         raise SymparamError(f"{where}: expected a non-negative integer, got {value!r}")
     if isinstance(kind, tuple) and value not in kind:

@@ -1,0 +1,100 @@
+"""The `symparam count` and `symparam list` commands as a user runs them: text, JSON, and errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from symparam.cli import main
+
+# Published figures (DESIGN.md reference figures and the issue's teaching example), not computed here.
+QWEN3_235B_TOTAL = 235_093_634_560
+QWEN3_235B_ACTIVE = 22_190_763_520
+BREAKDOWN = ["input embedding", "attention", "dense FFN", "router", "routed experts", "norms", "final norm", "LM head"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_count_preset_prints_exact_total_active_and_every_component(capsys):
+    code, out, _ = run(capsys, "count", "--model", "qwen3-235b-a22b")
+    assert code == 0
+    assert f"{QWEN3_235B_TOTAL:,}" in out and f"{QWEN3_235B_ACTIVE:,}" in out
+    rows = {line.split("  ")[0]: line for line in out.splitlines()}
+    for component in BREAKDOWN:
+        assert component in rows, component
+        assert "%" in rows[component]
+    assert "3*d*d_moe*n*(N - N_dense)" in rows["routed experts"]
+
+
+def test_count_json_has_integer_total_active_and_components(capsys):
+    code, out, _ = run(capsys, "count", "--model", "qwen3-235b-a22b", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert (data["total"], data["active"]) == (QWEN3_235B_TOTAL, QWEN3_235B_ACTIVE)
+    assert all(type(v) is int for v in data["components"].values())
+    assert sum(data["components"].values()) == data["total"]
+    assert data["active_without_embedding"] == data["active"] - data["components"]["input embedding"]
+
+
+@pytest.mark.parametrize(("preset", "total"), [("classic-512", 57_987_072), ("classic-512-tied", 41_603_072)])
+def test_classic_teaching_example(capsys, preset, total):
+    _, out, _ = run(capsys, "count", "--model", preset, "--json")
+    assert json.loads(out)["total"] == total
+
+
+def test_config_file_is_read_as_published(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 11008,
+                                "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+                                "tie_word_embeddings": True, "some_unknown_key": {"nested": [1, 2]}}))
+    _, out, _ = run(capsys, "count", "--config", str(path), "--json")
+    assert json.loads(out)["total"] == 3_085_938_688  # Qwen2.5-3B, DESIGN.md
+
+
+def test_arch_with_set_counts_from_symbols(capsys):
+    values = ["N=36", "V=151936", "d=4096", "d_ff=12288", "h=32", "h_kv=8", "h_d=128"]
+    code, out, _ = run(capsys, "count", "--arch", "qwen3", "--set", *values, "--json")
+    assert code == 0 and json.loads(out)["total"] == 8_190_735_360  # Qwen3-8B, DESIGN.md
+
+
+def test_arch_accepts_dash_and_underscore(capsys):
+    outs = [run(capsys, "count", "--model", "qwen3-235b-a22b", "--arch", arch, "--json")[1] for arch in ("qwen3-moe", "qwen3_moe")]
+    assert outs[0] == outs[1] and json.loads(outs[0])["total"] == QWEN3_235B_TOTAL
+
+
+def test_set_overrides_a_preset(capsys):
+    _, out, _ = run(capsys, "count", "--model", "gpt2", "--set", "N=24", "d=1024", "h=16", "--json")
+    assert json.loads(out)["total"] == 354_823_168  # gpt2-medium, DESIGN.md
+
+
+def test_list_shows_families_and_presets(capsys):
+    code, out, _ = run(capsys, "list", "--json")
+    data = json.loads(out)
+    families = {f["family"] for f in data["families"]}
+    assert code == 0
+    assert families >= {"gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gemma2", "phi3", "olmoe", "gpt_oss", "classic"}
+    assert {"qwen3-235b-a22b", "classic-512", "classic-512-tied", "deepseek-v3", "gpt2-xl"} <= set(data["presets"])
+
+
+def test_user_recipe_file_counts_without_touching_the_package(capsys, tmp_path):
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(
+        'family = "tiny"\nmodel_types = ["tiny"]\n'
+        '[attention]\nkind = "mha"\nqkv_bias = true\no_bias = true\n'
+        '[ffn]\nkind = "plain"\nbias = true\n[norm]\nkind = "layer"\nfinal = false\n'
+    )
+    code, out, _ = run(capsys, "count", "--recipe", str(recipe), "--set", "V=32000", "d=512", "N=8", "h=8", "d_ff=2048", "--json")
+    assert code == 0 and json.loads(out)["total"] == 57_987_072  # the classic 512-d model, untied
+
+
+def test_error_is_one_line_exit_2_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "symparam.cli", "count", "--model", "no-such-model"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "no-such-model" in proc.stderr
