@@ -78,13 +78,11 @@ def cmd_count(args: argparse.Namespace) -> str:
         payload["formulas"] = {"total": str(model.total), "active": str(model.active), **{c: str(e) for c, e in model.components.items()}}
         return json.dumps(payload, indent=2)
     moe = count.active != count.total
-    lines = [
-        f"{model.name} ({model.recipe.title})",
-        f"total   {count.total:>19,}  ({billions(count.total)})",
-    ]
+    figures = [("total", count.total, "")]
     if moe:
-        lines.append(f"active  {count.active:>19,}  ({billions(count.active)}; one token's share of the routed experts)")
-    lines.append(f"active without input embedding {count.active_without_embedding:,} ({billions(count.active_without_embedding)}; as vendors often quote)")
+        figures.append(("active", count.active, "; one token's share of the routed experts"))
+    figures.append(("active without input embedding", count.active_without_embedding, "; as vendors often quote"))
+    lines = [f"{model.name} ({model.recipe.title})"] + [f"{label:<31}{n:>19,}  ({billions(n)}{why})" for label, n, why in figures]
     tied = " (tied: stored once, in the input embedding)" if model.flags.get("lm_head.tied") else ""
     rows = [(c + (tied if c == "LM head" else ""), formula(model.components[c]), f"{n:,}", f"{100 * n / count.total:.2f}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
     header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
