@@ -82,7 +82,8 @@ def cmd_count(args: argparse.Namespace) -> str:
     if moe:
         figures.append(("active", count.active, "; one token's share of the routed experts"))
     figures.append(("active without input embedding", count.active_without_embedding, "; as vendors often quote"))
-    lines = [f"{model.name} ({model.recipe.title})"] + [f"{label:<31}{n:>19,}  ({billions(n)}{why})" for label, n, why in figures]
+    title = model.name if model.name == model.recipe.title else f"{model.name} ({model.recipe.title})"
+    lines = [title] + [f"{label:<31}{n:>19,}  ({billions(n)}{why})" for label, n, why in figures]
     tied = " (tied: stored once, in the input embedding)" if model.flags.get("lm_head.tied") else ""
     rows = [(c + (tied if c == "LM head" else ""), formula(model.components[c]), f"{n:,}", f"{100 * n / count.total:.2f}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
     header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
