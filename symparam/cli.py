@@ -61,7 +61,9 @@ def model_from(args: argparse.Namespace) -> Model:
 
 
 def billions(x: int) -> str:
-    return f"{x / 1e9:.2f} B" if x >= 10**8 else f"{x / 1e6:.2f} M"
+    """A count in B (10^9), M or K, two decimals."""
+    scale, unit = next((s, u) for s, u in ((10**9, "B"), (10**6, "M"), (10**3, "K"), (1, "")) if x >= s)
+    return f"{x / scale:.2f} {unit}".rstrip()
 
 
 def formula(expr: sp.Expr) -> str:
