@@ -16,7 +16,7 @@ from symparam.recipes import REGISTRY, Recipe, truthy
 from symparam.symbols import BY_NAME, SYMBOLS, parse
 
 # Symbols that may be zero; every other dimension must be a positive integer.
-MAY_BE_ZERO = {"N_dense", "n_s"}
+MAY_BE_ZERO = {"N_dense", "n_s", "N_swa"}
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,8 @@ def _values(config: dict[str, Any], needed: set[str], overrides: dict[str, int],
             values[symbol] = _check(symbol, key, config[key])
     if "moe" in recipe.options and "N_dense" not in values:
         values["N_dense"] = _dense_layers(recipe.options["moe"]["layers"], config, values)
+    if "N" in values and "N_swa" not in values:
+        values["N_swa"] = _sliding_layers(recipe.options.get("cache", {}), config, values)
     for symbol in sorted(needed):
         if symbol not in values:
             values[symbol] = _fallback(symbol, values)
@@ -133,6 +135,22 @@ def _dense_layers(layout: str, config: dict[str, Any], values: dict[str, int]) -
             raise SymparamError(f"mlp_only_layers: expected a list of layer indices, got {only!r}")
         return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
     return 0
+
+
+def _sliding_layers(rule: dict[str, Any], config: dict[str, Any], values: dict[str, int]) -> int:
+    """How many layers attend within a sliding window: config.json's layer_types, else the recipe's rule."""
+    kind, switch = rule.get("sliding", "none"), rule.get("window", True)
+    on = truthy(config.get(switch), switch) if isinstance(switch, str) else switch
+    if kind == "none" or not on or "W" not in values:
+        return 0
+    types = config.get("layer_types")
+    if kind != "all" and isinstance(types, list):
+        return min(sum(1 for t in types if t == "sliding_attention"), values["N"])
+    first = {"all": 0, "alternate": 0, "above_max_window_layers": config.get("max_window_layers", 0)}[kind]
+    step = 2 if kind == "alternate" else 1
+    if type(first) is not int or first < 0:
+        raise SymparamError(f"max_window_layers: expected a non-negative integer, got {first!r}")
+    return len(range(first, values["N"], step))
 
 
 def _consistency(values: dict[str, int]) -> None:

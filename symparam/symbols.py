@@ -43,6 +43,11 @@ TABLE: tuple[SymbolDef, ...] = (
     SymbolDef("d_rope", "d_{rope}", "per-head rotary query/key dimension (MLA)", ("qk_rope_head_dim",)),
     SymbolDef("d_v", "d_v", "per-head value dimension (MLA)", ("v_head_dim",)),
     SymbolDef("g", "g", "query heads per key/value head, h/h_kv"),
+    SymbolDef("W", "W", "sliding attention window, in tokens", ("sliding_window",)),
+    SymbolDef("N_swa", "N_{swa}", "decoder layers with sliding-window attention (derived from the recipe's rule)"),
+    SymbolDef("S", "S", "tokens in context (sequence length)"),
+    SymbolDef("B", "B", "sequences in a batch"),
+    SymbolDef("b", "b", "bytes per stored value (by dtype)"),
 )
 
 BY_NAME: dict[str, SymbolDef] = {s.name: s for s in TABLE}
@@ -56,6 +61,7 @@ LATEX_NAMES: dict[sp.Symbol, str] = {SYMBOLS[s.name]: s.latex for s in TABLE}
 N, V, d, d_ff, h, h_kv, h_d = (SYMBOLS[x] for x in ("N", "V", "d", "d_ff", "h", "h_kv", "h_d"))
 n, k, d_moe, n_s, N_dense, P = (SYMBOLS[x] for x in ("n", "k", "d_moe", "n_s", "N_dense", "P"))
 r_q, r_kv, d_nope, d_rope, d_v, g = (SYMBOLS[x] for x in ("r_q", "r_kv", "d_nope", "d_rope", "d_v", "g"))
+W, N_swa, S, B, b = (SYMBOLS[x] for x in ("W", "N_swa", "S", "B", "b"))
 
 
 def symbol(name: str) -> sp.Symbol:

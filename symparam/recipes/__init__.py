@@ -40,6 +40,10 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     },
     "norm": {"kind": (("rms", "layer"), "rms"), "per_layer": (int, 2), "final": (FLAG, True)},
     "lm_head": {"tied": (FLAG, False)},
+    # Which layers attend within a sliding window W (KV cache and FLOPs), when config.json has no layer_types:
+    # none; all (every layer, once sliding_window is set); alternate (layers 0, 2, 4, ...);
+    # above_max_window_layers (layers i >= max_window_layers). `window` says whether the window is on at all.
+    "cache": {"sliding": (("none", "all", "alternate", "above_max_window_layers"), "none"), "window": (FLAG, True)},
 }
 TOP_LEVEL = {"family", "title", "model_types", "summary", "defaults"}
 
