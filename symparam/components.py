@@ -197,4 +197,15 @@ def breakdown(term: Term, active: bool = False) -> dict[str, sp.Expr]:
     return {c: sp.expand(sums[c]) for c in COMPONENTS if c in sums}
 
 
-__all__ = ["Term", "tensor", "group", "linear", "norm", "embedding", "attention", "ffn", "moe", "decoder_layers", "head", "breakdown", "COMPONENTS", "EMBEDDINGS"]
+
+def leaves(term: Term, active: bool = False, mult: sp.Expr = ONE, bucket: str | None = None):
+    """Every tensor of the tree with its copies (all, or one token's) and its bucket: (leaf, copies, bucket)."""
+    bucket = term.component or bucket
+    mult = mult * (term.active_times if active else term.times)
+    if term.is_leaf:
+        yield term, mult, bucket
+    for child in term.children:
+        yield from leaves(child, active, mult, bucket)
+
+
+__all__ = ["Term", "tensor", "group", "linear", "norm", "embedding", "attention", "ffn", "moe", "decoder_layers", "head", "breakdown", "leaves", "COMPONENTS", "EMBEDDINGS"]

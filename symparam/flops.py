@@ -1,0 +1,78 @@
+"""FLOPs per token: 2 x the active matmul parameters plus the attention term that grows with context; training ~3x."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy as sp
+
+from symparam.components import EMBEDDINGS, leaves
+from symparam.memory import attended, substitution
+from symparam.model import Model
+from symparam.symbols import S, d_nope, d_rope, d_v, h, h_d
+
+# Per layer and attended position: (query.key width, value width) summed over the heads, by attention kind.
+ATTENTION_WIDTHS: dict[str, tuple[sp.Expr, sp.Expr]] = {
+    "gqa": (h * h_d, h * h_d),  # every query head scores against its (shared) key head
+    "mha": (h * h_d, h * h_d),
+    "mla": (h * (d_nope + d_rope), h * d_v),  # naive MLA: keys of d_nope + d_rope, values of d_v per head
+}
+TRAINING_FACTOR = 3  # backward ~ 2 x forward (gradients with respect to activations and to weights)
+CONVENTION = (
+    "one multiply-add = 2 FLOPs; forward per token = 2 x matmul parameters the token uses (input embedding is a lookup; "
+    "norms, biases and sinks are not matmuls; a tied LM head still multiplies) + 2 x (q.k width + value width) per attended "
+    "position per layer, for a token attending to S positions (a causal sequence of S averages (S+1)/2); "
+    "softmax and activations left out; training ~ 3 x forward"
+)
+
+
+def matmul_parameters(model: Model, active: bool = True) -> sp.Expr:
+    """Weights of the matrix multiplications one token passes through (all experts if not `active`)."""
+    return sp.expand(sum(
+        (copies * sp.Mul(*leaf.shape) for leaf, copies, bucket in leaves(model.tree, active) if len(leaf.shape) == 2 and bucket not in EMBEDDINGS),
+        sp.Integer(0),
+    ))
+
+
+def attention(model: Model) -> sp.Expr:
+    """Scores q.k and the weighted sum of values, 2 FLOPs per multiply-add, over every attended position of every layer."""
+    qk, v = ATTENTION_WIDTHS[model.recipe.options["attention"]["kind"]]
+    return 2 * (qk + v) * attended(model)
+
+
+def forward(model: Model) -> sp.Expr:
+    """Forward FLOPs for one token attending to S positions."""
+    return 2 * matmul_parameters(model) + attention(model)
+
+
+def report(model: Model, seq: int | None = None) -> dict[str, Any]:
+    """Forward and training FLOPs per token at context `seq` (default: the model's maximum context), with formulas."""
+    subs = substitution(model, seq)
+    seq = int(subs[S])
+
+    def exact(expr: sp.Expr) -> int:
+        return int(sp.sympify(expr).xreplace(subs))
+
+    params, attn = exact(matmul_parameters(model)), exact(attention(model))
+    fwd = 2 * params + attn
+    return {
+        "name": model.name,
+        "family": model.recipe.family,
+        "seq": seq,
+        "matmul_parameters": params,
+        "matmul_parameters_all_experts": exact(matmul_parameters(model, active=False)),
+        "matmul_flops": 2 * params,
+        "attention_flops": attn,
+        "forward_flops_per_token": fwd,
+        "training_flops_per_token": TRAINING_FACTOR * fwd,
+        "formulas": {
+            "forward": "2*M + A",
+            "M": str(matmul_parameters(model)),
+            "A": str(attention(model)),
+            "training": f"{TRAINING_FACTOR}*(2*M + A)",
+        },
+        "convention": CONVENTION,
+    }
+
+
+__all__ = ["ATTENTION_WIDTHS", "matmul_parameters", "attention", "forward", "report"]

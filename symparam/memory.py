@@ -1,0 +1,164 @@
+"""Memory: weight bytes by dtype, the KV cache for S tokens x B sequences, and a mixed-precision Adam training estimate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy as sp
+
+from symparam.config import as_subs
+from symparam.errors import SymparamError
+from symparam.model import Model
+from symparam.symbols import B, N, N_swa, S, W, b, d_rope, h, h_d, h_kv, r_kv
+
+
+@dataclass(frozen=True)
+class DType:
+    """A storage format: bytes per value (exact, 1/2 for int4) and what the figure leaves out."""
+
+    name: str
+    bytes: sp.Rational  # bytes per stored value
+    note: str  # scales, packing: what a real checkpoint adds
+
+
+DTYPES: dict[str, DType] = {
+    t.name: t
+    for t in (
+        DType("fp32", sp.Integer(4), "IEEE single precision"),
+        DType("bf16", sp.Integer(2), "bfloat16, the usual checkpoint format"),
+        DType("fp16", sp.Integer(2), "IEEE half precision"),
+        DType("fp8", sp.Integer(1), "8-bit float (e4m3); scales not included: DeepSeek-V3's checkpoint adds one fp32 scale per 128x128 block (4 bytes per 16,384 weights, +0.02%), and keeps embeddings, norms and the head in bf16"),
+        DType("int8", sp.Integer(1), "8-bit integer; per-channel or per-group scales not included (one fp16 scale per row of d adds 2/d bytes per weight)"),
+        DType("int4", sp.Rational(1, 2), "4-bit integer, two weights per byte; group scales not included: one fp16 scale per group of 128 weights adds 2/128 byte per weight (+3.1%), 32-weight groups or zero-points add more"),
+    )
+}
+
+# Values one token leaves in the cache of one layer, by attention kind (the recipe's [attention] kind).
+KV_PER_TOKEN: dict[str, tuple[sp.Expr, str]] = {
+    "gqa": (2 * h_kv * h_d, "K and V: h_kv heads of h_d each"),
+    "mha": (2 * h * h_d, "K and V: h heads of h_d each (h*h_d = d)"),
+    "mla": (r_kv + d_rope, "MLA latent as DeepSeek defines the cache: the compressed K/V of r_kv and the shared rotary key of d_rope "
+            "(transformers' eager cache stores the decompressed per-head K and V instead)"),
+}
+
+# Mixed-precision Adam (Micikevicius et al. 2018; the ZeRO paper's 2 + 2 + 12 = 16 bytes per parameter).
+TRAINING: tuple[tuple[str, int], ...] = (
+    ("weights (bf16)", 2),
+    ("gradients (bf16)", 2),
+    ("fp32 master weights", 4),
+    ("Adam first moment m (fp32)", 4),
+    ("Adam second moment v (fp32)", 4),
+)
+TRAINING_CONVENTION = "mixed-precision Adam: bf16 weights and gradients, fp32 master copy and two fp32 moments, 16 bytes per parameter; activations, temporary buffers and framework overhead not included"
+
+GB, GiB = 10**9, 2**30
+
+
+def dtype(name: str) -> DType:
+    if name not in DTYPES:
+        raise SymparamError(f"--dtype: unknown {name!r}; known: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def slides(model: Model) -> bool:
+    """Whether some layers of this model keep only a window: the recipe's rule, and the values if known."""
+    if model.recipe.options.get("cache", {}).get("sliding", "none") == "none":
+        return False
+    return model.values is None or model.values.get("N_swa", 0) > 0
+
+
+def attended(model: Model) -> sp.Expr:
+    """Cached (and attended) positions summed over the layers: S in full layers, at most W in sliding ones."""
+    return (N - N_swa) * S + N_swa * sp.Min(S, W) if slides(model) else N * S
+
+
+def kv_per_token(model: Model) -> sp.Expr:
+    return KV_PER_TOKEN[model.recipe.options["attention"]["kind"]][0]
+
+
+def kv_cache(model: Model) -> sp.Expr:
+    """KV cache bytes for B sequences of S tokens, b bytes per value."""
+    return kv_per_token(model) * attended(model) * B * b
+
+
+def weights(model: Model) -> sp.Expr:
+    """Weight bytes: every parameter (tied ones once) times b bytes."""
+    return model.total * b
+
+
+def training(model: Model) -> sp.Expr:
+    """Weights, gradients and Adam state in bytes, by the TRAINING convention."""
+    return model.total * sum(n for _, n in TRAINING)
+
+
+def exact_bytes(expr: sp.Expr, subs: dict[sp.Symbol, Any]) -> int:
+    """A byte count as an int; half bytes (odd int4 counts) round up to a whole byte."""
+    value = sp.sympify(expr).xreplace(subs)
+    if not value.is_Rational:
+        raise SymparamError(f"cannot evaluate {expr} at these values (missing {', '.join(map(str, value.free_symbols))})")
+    return int(sp.ceiling(value))
+
+
+def sizes(n_bytes: int) -> dict[str, Any]:
+    """Bytes with both units, labelled: GB = 10^9 bytes, GiB = 2^30 bytes."""
+    return {"bytes": n_bytes, "GB": float(f"{n_bytes / GB:.6g}"), "GiB": float(f"{n_bytes / GiB:.6g}")}
+
+
+def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch: int = 1) -> dict[str, Any]:
+    """Every memory figure of a configured model, with its formula; `seq` defaults to the model's maximum context."""
+    t = dtype(dtype_name)
+    values = model.values or {}
+    subs = substitution(model, seq, batch) | {b: t.bytes}
+    seq = int(subs[S])
+    kind = model.recipe.options["attention"]["kind"]
+    kv = {
+        **sizes(exact_bytes(kv_cache(model), subs)),
+        "formula": str(kv_cache(model)),
+        "per_token_per_layer_values": int(kv_per_token(model).xreplace(subs)),
+        "what": KV_PER_TOKEN[kind][1],
+        "sliding_layers": values.get("N_swa", 0),
+        "window": values.get("W") if slides(model) else None,
+    }
+    train = {
+        **sizes(exact_bytes(training(model), subs)),
+        "convention": TRAINING_CONVENTION,
+        "parts": {name: sizes(exact_bytes(model.total * n, subs)) for name, n in TRAINING},
+    }
+    weight = {**sizes(exact_bytes(weights(model), subs)), "formula": "parameters*b", "note": t.note}
+    return {
+        "name": model.name,
+        "family": model.recipe.family,
+        "dtype": t.name,
+        "bytes_per_value": str(t.bytes),
+        "parameters": model.count().total,
+        "seq": seq,
+        "batch": batch,
+        "weights_bytes": weight["bytes"],
+        "kv_cache_bytes": kv["bytes"],
+        "training_bytes": train["bytes"],
+        "weights": weight,
+        "kv_cache": kv,
+        "training": train,
+        "units": "GB = 10^9 bytes, GiB = 2^30 bytes",
+    }
+
+
+def substitution(model: Model, seq: int | None, batch: int = 1) -> dict[sp.Symbol, Any]:
+    """Every value of the model plus S (default: its maximum context), B, and the window where layers slide."""
+    values = model.values or {}
+    if seq is None:
+        if "P" not in values:
+            raise SymparamError("--seq: give the number of tokens (the config has no max_position_embeddings)")
+        seq = values["P"]
+    for option, given in (("--seq", seq), ("--batch", batch)):
+        if type(given) is not int or given < 1:
+            raise SymparamError(f"{option}: expected a positive integer, got {given!r}")
+    subs = {**model.substitution(), **as_subs(values), N_swa: sp.Integer(values.get("N_swa", 0)), S: sp.Integer(seq), B: sp.Integer(batch)}
+    if slides(model):
+        if "W" not in values:
+            raise SymparamError("sliding_window: missing (the window some layers attend within)")
+        subs[W] = sp.Integer(values["W"])
+    return subs
+
+__all__ = ["DTYPES", "KV_PER_TOKEN", "TRAINING", "attended", "kv_cache", "weights", "training", "report", "sizes", "substitution"]
