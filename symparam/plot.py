@@ -1,0 +1,163 @@
+"""Charts of parameter distribution: across a family's presets (absolute and %) and one model's breakdown; matplotlib loaded lazily."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from symparam.components import COMPONENTS
+from symparam.config import presets, read_preset
+from symparam.errors import SymparamError
+from symparam.model import Count, Model, load
+from symparam.recipes import REGISTRY
+
+FORMATS = (".png", ".svg", ".pdf")
+# One colour per component bucket, the same in every chart (matplotlib's tab10 order).
+COLOURS = dict(zip(COMPONENTS, ("#1f77b4", "#aec7e8", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")))
+
+
+def family_models(name: str) -> list[Model]:
+    """The presets of a family, smallest first."""
+    recipe = REGISTRY.family(name)
+    names = [p for p in presets() if read_preset(p).get("model_type") in recipe.model_types]
+    if not names:
+        raise SymparamError(f"family {recipe.family}: no presets to compare; try --model NAME")
+    return sorted((load(p) for p in names), key=lambda m: m.count().total)
+
+
+def bars(models: list[Model]) -> list[tuple[str, dict[str, int]]]:
+    """(label, component -> parameters) per bar: a dense model's total; an MoE model's total and active side by side."""
+    out = []
+    for m in models:
+        c: Count = m.count()
+        if c.active != c.total:
+            out += [(f"{m.name}\ntotal", c.components), (f"{m.name}\nactive", c.active_components)]
+        else:
+            out.append((m.name, c.components))
+    return out
+
+
+def human(n: int) -> str:
+    """A parameter count in B (10^9), M (10^6) or K (10^3)."""
+    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return str(n)
+
+
+def share(part: int, whole: int) -> str:
+    pct = 100 * part / whole
+    return "<0.01%" if pct < 0.01 else f"{pct:.2g}%"
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure  # lazily: the library works without matplotlib loaded
+
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def _used(rows: list[tuple[str, dict[str, int]]]) -> list[str]:
+    return [c for c in COMPONENTS if any(r.get(c, 0) for _, r in rows)]
+
+
+def family_figure(models: list[Model], title: str):
+    """Two panels: stacked parameters in billions per model, and the same as % of each bar."""
+    rows = bars(models)
+    used = _used(rows)
+    fig = _figure(max(8.0, 1.6 * len(rows) + 4), 5.6)
+    absolute, percent = fig.subplots(1, 2)
+    x = range(len(rows))
+    for ax, scale in ((absolute, None), (percent, 100)):
+        bottom = [0.0] * len(rows)
+        for comp in used:
+            heights = [r.get(comp, 0) / (1e9 if scale is None else sum(r.values()) / scale) for _, r in rows]
+            ax.bar(x, heights, bottom=bottom, color=COLOURS[comp], label=comp, width=0.7, edgecolor="white", linewidth=0.5)
+            if scale is not None:
+                for i, (hgt, base) in enumerate(zip(heights, bottom)):
+                    if hgt >= 6:
+                        ax.text(i, base + hgt / 2, f"{hgt:.0f}%", ha="center", va="center", fontsize=8, color="white")
+            bottom = [b + hh for b, hh in zip(bottom, heights)]
+        ax.set_xticks(list(x), [label for label, _ in rows], fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    for i, (_, r) in enumerate(rows):
+        absolute.text(i, sum(r.values()) / 1e9, f"{sum(r.values()) / 1e9:.2f} B", ha="center", va="bottom", fontsize=8)
+    absolute.set_ylabel("parameters (billions, 10⁹)")
+    absolute.set_title("parameters by component")
+    absolute.margins(y=0.1)
+    percent.set_ylabel("share of the bar's parameters (%)")
+    percent.set_ylim(0, 100)
+    percent.set_title("share by component (%)")
+    handles, labels = absolute.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(used), 5), frameon=False)
+    fig.suptitle(title)
+    return fig
+
+
+def model_figure(model: Model):
+    """One model: a horizontal bar per component with its count and share; MoE models show total and active."""
+    c = model.count()
+    moe = c.active != c.total
+    used = [k for k in COMPONENTS if c.components.get(k, 0)]
+    fig = _figure(10, 0.42 * len(used) * (2 if moe else 1) + 1.6)
+    ax = fig.subplots()
+    series = [("total", c.components, c.total)] + ([("active", c.active_components, c.active)] if moe else [])
+    height = 0.8 / len(series)
+    for j, (label, values, whole) in enumerate(series):
+        ys = [i + j * height for i in range(len(used))]
+        widths = [values.get(k, 0) / 1e9 for k in used]
+        ax.barh(ys, widths, height=height, color=[COLOURS[k] for k in used], alpha=1.0 if j == 0 else 0.55, edgecolor="black" if j else "white", hatch="//" if j else None, label=label)
+        for y, k, w in zip(ys, used, widths):
+            ax.text(w, y, f" {human(values.get(k, 0))} ({share(values.get(k, 0), whole)} of {label})", va="center", fontsize=8)
+    ax.set_yticks([i + height * (len(series) - 1) / 2 for i in range(len(used))], used)
+    ax.invert_yaxis()
+    ax.set_xscale("log")  # components span six orders of magnitude: norms next to experts
+    ax.set_xlabel("parameters (billions, 10⁹; log scale)")
+    ax.set_xlim(min(values.get(k, 0) for _, values, _ in series for k in used if values.get(k, 0)) / 1e9 / 3, max(c.components.values()) / 1e9 * 12)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    heading = f"{model.name}: {human(c.total)} parameters" + (f", {human(c.active)} active per token" if moe else "")
+    if model.flags.get("lm_head.tied"):
+        heading += "\n(LM head tied to the input embedding: stored once)"
+    ax.set_title(heading)
+    if moe:
+        ax.legend(loc="lower right", title="bars")
+    return fig
+
+
+def save(fig: Any, output: str | Path) -> Path:
+    """Write the figure to `output` through a temporary file in the same directory: no half-written files."""
+    path = Path(output)
+    if path.suffix.lower() not in FORMATS:
+        raise SymparamError(f"-o {output}: expected a file ending in {', '.join(FORMATS)}")
+    if not path.parent.is_dir():
+        raise SymparamError(f"-o {output}: no such directory {path.parent}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format=path.suffix[1:].lower())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes it private; give it the mode a plain open() would
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def plot_family(name: str, output: str | Path) -> dict[str, Any]:
+    models = family_models(name)
+    recipe = REGISTRY.family(name)
+    path = save(family_figure(models, f"{recipe.title}: parameter distribution across sizes"), output)
+    return {"output": str(path), "family": recipe.family, "models": [m.name for m in models]}
+
+
+def plot_model(model: Model, output: str | Path) -> dict[str, Any]:
+    path = save(model_figure(model), output)
+    return {"output": str(path), "model": model.name}
+
+
+__all__ = ["family_models", "family_figure", "model_figure", "save", "plot_family", "plot_model"]
