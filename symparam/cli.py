@@ -108,10 +108,65 @@ def cmd_list(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def add_memory(parser: argparse.ArgumentParser) -> None:
+    from symparam.memory import DTYPES
+
+    add_source(parser)
+    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="storage format of weights and KV cache (default bf16)")
+    add_context(parser)
+    parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences held at once (default 1)")
+
+
+def add_context(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    default = "" if required else " (default: the model's maximum context)"
+    parser.add_argument("--seq", type=int, default=None, required=required, metavar="S", help=f"tokens in context{default}")
+
+
+def add_plot(parser: argparse.ArgumentParser) -> None:
+    add_source(parser)
+    parser.add_argument("--family", metavar="NAME", help="compare the presets of a family, e.g. gpt2 or qwen3")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.png, FILE.svg or FILE.pdf")
+
+
+def cmd_memory(args: argparse.Namespace) -> str:
+    from symparam import memory
+
+    report = memory.report(model_from(args), args.dtype, args.seq, args.batch)
+    return json.dumps(report, indent=2) if args.json else memory.text(report)
+
+
+def cmd_flops(args: argparse.Namespace) -> str:
+    from symparam import flops
+
+    report = flops.report(model_from(args), args.seq)
+    return json.dumps(report, indent=2) if args.json else flops.text(report)
+
+
+def cmd_shapes(args: argparse.Namespace) -> str:
+    from symparam import shapes
+
+    model = model_from(args)
+    steps = shapes.report(model, args.seq)
+    return json.dumps({"name": model.name, "seq": args.seq, "steps": steps}, indent=2) if args.json else shapes.text(steps)
+
+
+def cmd_plot(args: argparse.Namespace) -> str:
+    from symparam import plot
+
+    if args.family and (args.model or args.config or args.arch or args.recipe):
+        raise SymparamError("give --family NAME or a model (--model, --config, ...), not both")
+    result = plot.plot_family(args.family, args.output) if args.family else plot.plot_model(model_from(args), args.output)
+    return json.dumps(result, indent=2) if args.json else f"wrote {result['output']}"
+
+
 # name -> (help, add arguments, run); each run returns the text to print.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]] = {
     "count": ("exact total, active and per-component parameter counts", add_source, cmd_count),
     "list": ("families and presets", lambda p: None, cmd_list),
+    "memory": ("weights, KV cache and training memory in bytes, GB and GiB", add_memory, cmd_memory),
+    "flops": ("forward and training FLOPs per token", lambda p: (add_source(p), add_context(p)), cmd_flops),
+    "shapes": ("tensor shapes through one forward pass", lambda p: (add_source(p), add_context(p, required=True)), cmd_shapes),
+    "plot": ("charts of the parameter distribution (a family's sizes, or one model)", add_plot, cmd_plot),
 }
 
 

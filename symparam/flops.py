@@ -75,4 +75,21 @@ def report(model: Model, seq: int | None = None) -> dict[str, Any]:
     }
 
 
-__all__ = ["ATTENTION_WIDTHS", "matmul_parameters", "attention", "forward", "report"]
+def text(r: dict[str, Any]) -> str:
+    """The report as labelled lines: the formula, then its terms and totals in FLOPs and GFLOPs."""
+    f = r["formulas"]
+    rows = [
+        ("M  matmul parameters per token", r["matmul_parameters"], f["M"]),
+        ("2M matmul FLOPs", r["matmul_flops"], "2*M"),
+        ("A  attention FLOPs", r["attention_flops"], f["A"]),
+        ("forward FLOPs per token", r["forward_flops_per_token"], f["forward"]),
+        ("training FLOPs per token", r["training_flops_per_token"], f["training"]),
+    ]
+    lines = [f"{r['name']} ({r['family']}): FLOPs per token attending to S = {r['seq']:,} positions"]
+    lines += [f"{label:<31} {value:>22,}  ({value / 1e9:,.2f} G)  = {formula}" for label, value, formula in rows]
+    if r["matmul_parameters_all_experts"] != r["matmul_parameters"]:
+        lines.append(f"(all experts: {r['matmul_parameters_all_experts']:,} matmul parameters; one token uses M)")
+    return "\n".join(lines + ["convention: " + r["convention"]])
+
+
+__all__ = ["ATTENTION_WIDTHS", "matmul_parameters", "attention", "forward", "report", "text"]

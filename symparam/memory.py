@@ -161,4 +161,26 @@ def substitution(model: Model, seq: int | None, batch: int = 1) -> dict[sp.Symbo
         subs[W] = sp.Integer(values["W"])
     return subs
 
-__all__ = ["DTYPES", "KV_PER_TOKEN", "TRAINING", "attended", "kv_cache", "weights", "training", "report", "sizes", "substitution"]
+def text(r: dict[str, Any]) -> str:
+    """The report as a few labelled lines (bytes, GB = 10^9, GiB = 2^30), formulas included."""
+
+    def row(label: str, part: dict[str, Any]) -> str:
+        return f"{label:<10} {part['bytes']:>20,} bytes  {part['GB']:>10,.3f} GB  {part['GiB']:>10,.3f} GiB"
+
+    kv = r["kv_cache"]
+    window = f"; {kv['sliding_layers']} of the layers keep at most W = {kv['window']:,} tokens" if kv["window"] else ""
+    lines = [
+        f"{r['name']} ({r['family']}): {r['parameters']:,} parameters, {r['dtype']} = {r['bytes_per_value']} byte(s) per value",
+        row("weights", r["weights"]) + "    = parameters * b",
+        f"{'':<10} {r['weights']['note']}",
+        row("KV cache", kv) + f"    = {kv['formula']}",
+        f"{'':<10} S = {r['seq']:,} tokens, B = {r['batch']} sequence(s); {kv['per_token_per_layer_values']:,} values per token per layer ({kv['what']}){window}",
+        row("training", r["training"]) + "    = 16 * parameters",
+        f"{'':<10} {r['training']['convention']}",
+    ]
+    lines.append(f"{'':<10} = " + " + ".join(f"{name} {part['GB']:,.3f} GB" for name, part in r["training"]["parts"].items()))
+    lines.append("units: GB = 10^9 bytes, GiB = 2^30 bytes")
+    return "\n".join(lines)
+
+
+__all__ = ["DTYPES", "KV_PER_TOKEN", "TRAINING", "attended", "kv_cache", "weights", "training", "report", "sizes", "substitution", "text"]

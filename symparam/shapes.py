@@ -119,4 +119,11 @@ def report(model: Model, seq: int) -> list[dict[str, Any]]:
     ]
 
 
-__all__ = ["Step", "trace", "report"]
+def text(steps: list[dict[str, Any]]) -> str:
+    """One line per tensor: name, shape in numbers, shape in symbols, how many layers repeat it."""
+    rows = [(s["name"], f"[{', '.join(f'{x:,}' for x in s['shape'])}]", f"[{', '.join(s['symbolic'])}]", "" if s["layers"] is None else f"x{s['layers']} layers") for s in steps]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {e}".rstrip() for a, b, c, e in rows)
+
+
+__all__ = ["Step", "trace", "report", "text"]
