@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -37,6 +38,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
         "bias": (FLAG, False),
         "router_bias": (FLAG, False),
         "shared": (FORMULA, None),
+        "shared_bias": (FLAG, False),  # shared experts are dense MLPs: DeepSeek-V2 gives them mlp_bias, routed experts none
     },
     "norm": {"kind": (("rms", "layer"), "rms"), "per_layer": (int, 2), "final": (FLAG, True)},
     "lm_head": {"tied": (FLAG, False)},
@@ -45,7 +47,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     # above_max_window_layers (layers i >= max_window_layers). `window` says whether the window is on at all.
     "cache": {"sliding": (("none", "all", "alternate", "above_max_window_layers"), "none"), "window": (FLAG, True)},
 }
-TOP_LEVEL = {"family", "title", "model_types", "summary", "defaults"}
+TOP_LEVEL = {"family", "title", "model_types", "summary", "defaults", "names"}
+# [names] tables: how checkpoints name this family's tensors, as regex -> replacement (verify.py reads them).
+NAME_TABLES = ("rename", "not_parameters")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Recipe:
     options: dict[str, dict[str, Any]]  # section -> option -> value (literal, config key, or formula)
     defaults: dict[str, Any] = field(default_factory=dict)  # config key -> transformers' default
     source: str = ""  # where the recipe was read from
+    names: dict[str, dict[str, str]] = field(default_factory=dict)  # [names.rename] / [names.not_parameters]: regex -> text
 
     def flag_keys(self) -> dict[str, str]:
         """Config keys the recipe's flags read, as "section.option" -> key."""
@@ -148,7 +153,23 @@ def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
         options=options,
         defaults=dict(data.get("defaults", {})),
         source=source,
+        names=_check_names(source, data.get("names", {})),
     )
+
+
+def _check_names(source: str, names: Any) -> dict[str, dict[str, str]]:
+    """[names]: tables of regex -> text; every regex must compile."""
+    if not isinstance(names, dict) or set(names) - set(NAME_TABLES):
+        raise SymparamError(f"{source}: [names] must hold only the tables {', '.join(NAME_TABLES)}")
+    for table, rules in names.items():
+        if not isinstance(rules, dict) or not all(isinstance(v, str) for v in rules.values()):
+            raise SymparamError(f"{source}: [names.{table}] must map regexes to strings")
+        for pattern in rules:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise SymparamError(f"{source}: [names.{table}] {pattern!r} is not a regex ({e})") from None
+    return {table: dict(names.get(table, {})) for table in NAME_TABLES}
 
 
 def _check_option(source: str, section: str, name: str, value: Any, kind: Any) -> Any:

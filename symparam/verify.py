@@ -1,0 +1,508 @@
+"""Verify a model against a safetensors checkpoint: read the headers only, group tensors by component, explain mismatches."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sympy as sp
+from sympy.printing.str import StrPrinter
+
+from symparam.components import Term
+from symparam.errors import SymparamError
+from symparam.model import Model
+from symparam.symbols import BY_NAME, SYMBOLS
+
+# Bytes per stored element, by safetensors dtype; and config.json / --dtype names of those dtypes.
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+DTYPE_NAMES = {
+    "float32": "F32", "fp32": "F32", "float16": "F16", "fp16": "F16", "bfloat16": "BF16", "bf16": "BF16",
+    "float8_e4m3fn": "F8_E4M3", "fp8": "F8_E4M3", "int8": "I8", "float64": "F64",
+}
+
+PREFIXES = ("model.", "transformer.")  # wrappers in front of the module path; lm_head sits outside them
+LAYER = re.compile(r"^(?:layers|h)\.(\d+)\.")  # decoder layer containers: llama-style `layers`, gpt2's `h`
+EXPERT = re.compile(r"\.experts\.(\d+)\.")  # one routed expert per tensor (Hub naming)
+PACKED = {"_blocks": 2}  # suffix -> parameters per stored element (MXFP4 blocks: two 4-bit values per byte)
+ORGANISATIONAL = ("norms", "expert")  # groups of the component tree that no checkpoint name has
+
+# Renames every family shares (regex on the normalised name -> replacement); a family adds its own in [names.rename].
+# "{a,b}" in a replacement: one stored tensor holds both (fused experts in transformers 5).
+COMMON_RENAME = {
+    r"\.block_sparse_moe\.": ".mlp.",  # Mixtral Hub naming
+    r"\.experts\.w1\.": ".experts.gate_proj.",
+    r"\.experts\.w3\.": ".experts.up_proj.",
+    r"\.experts\.w2\.": ".experts.down_proj.",
+    r"\.input_layernorm\.": ".norm_0.",
+    r"\.post_attention_layernorm\.": ".norm_1.",
+    r"^wte\.": "embed_tokens.",
+    r"^ln_f\.": "norm.",
+    r"\.experts\.gate_up_proj$": ".experts.{gate_proj,up_proj}.weight",
+    r"\.experts\.gate_up_proj_bias$": ".experts.{gate_proj,up_proj}.bias",
+    r"\.experts\.down_proj$": ".experts.down_proj.weight",
+    r"\.experts\.down_proj_bias$": ".experts.down_proj.bias",
+}
+# Stored tensors that are not parameters (regex on the stored name -> why); a family adds its own in [names.not_parameters].
+COMMON_NOT_PARAMETERS = {
+    r"rotary_emb\.(original_)?inv_freq$": "rotary inv_freq buffer, recomputed at load",
+    r"e_score_correction_bias$": "router score-correction bias, a buffer in transformers",
+    r"(weight_scale_inv|weight_scale|input_scale|_scales|\.absmax|\.quant_map|\.nested_absmax|\.nested_quant_map|\.SCB)$": "quantisation scale",
+    r"\.quant_state\.": "quantisation state",
+}
+# Solved symbol values that have a name of their own: (symbol, the symbol its value equals) -> what it means.
+EXPLANATIONS = {
+    ("h_kv", "h"): "the checkpoint uses full multi-head attention, the config says grouped-query",
+}
+SWITCHES = {"lm_head.weight": "lm_head.tied"}  # tensors a recipe flag removes (a tied head is not stored)
+COPIES = (("n", "expert"), ("N", "layer"), ("N_dense", "layer"))  # symbol in a multiplicity -> what one copy is
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One tensor of the checkpoint, from its header."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * next((f for suffix, f in PACKED.items() if self.name.endswith(suffix)), 1)
+
+
+@dataclass
+class Expected:
+    """One canonical tensor name of the model: its shape, bucket, and copies (layers x experts)."""
+
+    name: str
+    bucket: str
+    shape: tuple[sp.Expr, ...]
+    copies: sp.Expr
+    tied: bool
+
+    @property
+    def expr(self) -> sp.Expr:
+        return sp.Integer(0) if self.tied else self.copies * sp.Mul(*self.shape)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What verify found: totals, per-component figures, mismatches in words, and tensors that are not parameters."""
+
+    source: str
+    expected: int
+    found: int
+    match: bool
+    mismatches: list[str]
+    components: dict[str, dict[str, int]]  # bucket -> {"expected": .., "found": ..}
+    not_parameters: list[dict[str, str]]  # {"tensor", "shape", "reason"}
+    notes: list[str] = field(default_factory=list)
+    unit: str = "parameters"  # "bytes" when only an index file was read
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source, "unit": self.unit, "expected": self.expected, "found": self.found, "match": self.match,
+            "mismatches": self.mismatches, "components": self.components, "not_parameters": self.not_parameters, "notes": self.notes,
+        }
+
+
+# --- reading ---------------------------------------------------------------------------------------------------
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The JSON header of one .safetensors file: 8-byte little-endian length, then that many bytes of JSON."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise SymparamError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            (length,) = struct.unpack("<Q", head)
+            size = path.stat().st_size
+            if length > size - 8 or length > 100_000_000:
+                raise SymparamError(f"{path}: not a safetensors file (header length {length} for a file of {size} bytes)")
+            header = json.loads(f.read(length))
+    except FileNotFoundError:
+        raise SymparamError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise SymparamError(f"{path}: not a safetensors file (header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise SymparamError(f"{path}: not a safetensors file (header is not a JSON object)")
+    return header
+
+
+def tensors(path: Path) -> list[Stored]:
+    """Every tensor a .safetensors file stores, with dtype and shape."""
+    out = []
+    for name, info in read_header(path).items():
+        if name == "__metadata__":
+            continue
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if not isinstance(shape, list) or not all(type(x) is int and x >= 0 for x in shape) or not isinstance(info.get("dtype"), str):
+            raise SymparamError(f"{path}: tensor {name!r} has no valid dtype and shape in the header")
+        out.append(Stored(name, info["dtype"], tuple(shape), path.name))
+    return out
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """A model.safetensors.index.json: its metadata and weight_map."""
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SymparamError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SymparamError(f"{path}: not valid JSON ({e.__class__.__name__})") from None
+    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+        raise SymparamError(f"{path}: not a safetensors index (no weight_map)")
+    return index
+
+
+def locate(path: str | Path) -> tuple[list[Path], Path | None]:
+    """(shard files to read, the index file if any) for a file, a directory of shards, or an index.json."""
+    path = Path(path)
+    if path.is_dir():
+        shards = sorted(path.glob("*.safetensors"))
+        index = next(iter(sorted(path.glob("*.safetensors.index.json"))), None)
+        if not shards and index is None:
+            raise SymparamError(f"{path}: no .safetensors files or index in this directory")
+        return shards, index
+    if not path.exists():
+        raise SymparamError(f"{path}: no such file or directory")
+    if path.name.endswith(".index.json"):
+        files = sorted({str(v) for v in read_index(path)["weight_map"].values()})
+        shards = [path.parent / f for f in files]
+        return (shards if all(s.exists() for s in shards) else []), path
+    if path.suffix == ".safetensors":
+        return [path], None
+    raise SymparamError(f"{path}: expected a .safetensors file, a directory of shards or a model.safetensors.index.json")
+
+
+# --- the model side --------------------------------------------------------------------------------------------
+
+
+def canonical(path: tuple[str, ...], is_top: bool) -> str:
+    """A tree path as one checkpoint-style name: organisational groups dropped, repeated keys collapsed."""
+    keys: list[str] = []
+    for key in path:
+        if key not in ORGANISATIONAL and (not keys or keys[-1] != key):
+            keys.append(key)
+    return ".".join(keys + (["weight"] if is_top else []))
+
+
+def expected_tensors(tree: Term) -> dict[str, Expected]:
+    """Every tensor the model has, by canonical name, copies summed over dense and MoE layers."""
+    found: dict[str, Expected] = {}
+
+    def walk(term: Term, path: tuple[str, ...], copies: sp.Expr, bucket: str | None, depth: int) -> None:
+        bucket = term.component or bucket
+        copies = copies * term.times
+        if term.is_leaf:
+            name = canonical(path + (term.key,), depth == 1)
+            if name in found:
+                found[name].copies += copies
+            else:
+                found[name] = Expected(name, bucket or "", term.shape, copies, term.tied)
+        for child in term.children:
+            walk(child, path + (term.key,) if depth else (), copies, bucket, depth + 1)
+
+    walk(tree, (), sp.Integer(1), None, 0)
+    for e in found.values():
+        e.copies = sp.expand(e.copies)
+    return found
+
+
+# --- the checkpoint side ---------------------------------------------------------------------------------------
+
+
+def not_parameter(name: str, rules: dict[str, str]) -> str | None:
+    """Why a stored tensor is not a parameter, or None."""
+    return next((why for pattern, why in rules.items() if re.search(pattern, name)), None)
+
+
+def normalise(name: str, renames: dict[str, str]) -> tuple[int | None, list[str]]:
+    """(layer index or None, canonical names) for a stored name: prefixes, indices and family spellings removed."""
+    while name.startswith(PREFIXES):
+        name = name.split(".", 1)[1]
+    layer = LAYER.match(name)
+    if layer:
+        name = "layers." + name[layer.end():]
+    for suffix in PACKED:
+        name = name.removesuffix(suffix)
+    name = EXPERT.sub(".experts.", name)
+    for pattern, replacement in renames.items():
+        name = re.sub(pattern, replacement, name)
+    fused = re.search(r"\{([^}]*)\}", name)
+    names = [name[: fused.start()] + part + name[fused.end():] for part in fused.group(1).split(",")] if fused else [name]
+    return (int(layer.group(1)) if layer else None), names
+
+
+def pattern(name: str) -> str:
+    """A stored name with its layer and expert indices as *, to list many tensors as one line."""
+    return re.sub(r"\.\d+\.", ".*.", name)
+
+
+# --- comparing -------------------------------------------------------------------------------------------------
+
+
+class _Values(StrPrinter):
+    """Prints an expression with each symbol replaced by its value, keeping the formula's order: d*h_d*h_kv -> 4096*128*8."""
+
+    def __init__(self, values: dict[str, int]):
+        super().__init__()
+        self.values = values
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return str(self.values[expr.name])
+
+
+def with_values(expr: sp.Expr, values: dict[str, int]) -> str:
+    return _Values(values).doprint(expr)
+
+
+def evaluate(expr: sp.Expr, values: dict[str, int]) -> int:
+    result = sp.sympify(expr).xreplace({SYMBOLS[k]: sp.Integer(v) for k, v in values.items() if k in SYMBOLS})
+    if not result.is_Integer:
+        raise SymparamError(f"{expr} is not a whole number at these values")
+    return int(result)
+
+
+def fits(expr: sp.Expr, target: int, values: dict[str, int]) -> list[tuple[str, int]]:
+    """(symbol, value) pairs, one symbol changed, that make `expr` equal `target`: what the checkpoint's shape says."""
+    out = []
+    for sym in sorted(expr.free_symbols, key=str):
+        others = {SYMBOLS[k]: sp.Integer(v) for k, v in values.items() if k in SYMBOLS and k != sym.name}
+        for root in sp.solve(sp.Eq(expr.xreplace(others), target), sym):
+            if root.is_Integer and root > 0 and int(root) != values.get(sym.name):
+                out.append((sym.name, int(root)))
+    return out
+
+
+def explain(symbol: str, value: int, values: dict[str, int]) -> str:
+    """A solved value in words: the config key to change, and what the value means where it has a name."""
+    keys = BY_NAME[symbol].keys
+    said = f"{keys[0]} = {values[symbol]}" if keys and symbol in values else f"{symbol} = {values.get(symbol)}"
+    named = next((text for (s, other), text in EXPLANATIONS.items() if s == symbol and values.get(other) == value), None)
+    base = f"fits {symbol} = {value} ({BY_NAME[symbol].meaning}; the config says {said})"
+    return f"{base}: {named}" if named else base
+
+
+def per_copy(expr: sp.Expr, copies: sp.Expr) -> str:
+    """Words for one copy of a multiplicity: " per layer", " per expert per layer", or ""."""
+    names = {str(s) for s in copies.free_symbols}
+    words = [w for s, w in COPIES if s in names]
+    return "".join(f" per {w}" for w in dict.fromkeys(words))
+
+
+@dataclass
+class Unit:
+    """Canonical names a set of stored tensors covers (one, or several for a fused tensor), and what is stored."""
+
+    names: set[str] = field(default_factory=set)
+    stored: list[Stored] = field(default_factory=list)
+
+
+def group_units(model_tensors: dict[str, Expected], stored: list[tuple[Stored, list[str]]]) -> list[Unit]:
+    """Join canonical names that share stored tensors (fused experts) into units; every expected name is in one."""
+    owner: dict[str, Unit] = {}
+    for name in model_tensors:
+        owner[name] = Unit({name})
+    for tensor, names in stored:
+        units = {id(owner[n]): owner[n] for n in names if n in owner}
+        merged = Unit({n for u in units.values() for n in u.names} | set(names), [t for u in units.values() for t in u.stored])
+        merged.stored.append(tensor)
+        for n in merged.names:
+            owner[n] = merged
+    return list({id(u): u for u in owner.values()}.values())
+
+
+def diagnose(units: list[tuple[Unit, sp.Expr, int]], values: dict[str, int]) -> dict[int, tuple[str, int]]:
+    """For each mismatched unit, the one-symbol change that makes most units match, if any."""
+    mismatched = [(i, expr, found) for i, (unit, expr, found) in enumerate(units) if found and evaluate(expr, values) != found]
+    candidates = {c for _, expr, found in mismatched for c in fits(expr, found, values)}
+
+    def score(candidate: tuple[str, int]) -> int:
+        trial = {**values, candidate[0]: candidate[1]}
+        return sum(evaluate(expr, trial) == found for _, expr, found in units)
+
+    ranked = sorted(candidates, key=lambda c: (-score(c), c))
+    best = {}
+    for i, expr, found in mismatched:
+        options = [c for c in ranked if c in set(fits(expr, found, values))]
+        if options:
+            best[i] = options[0]
+    return best
+
+
+def describe(unit: Unit, model_tensors: dict[str, Expected], expected: int, found: int, fit: tuple[str, int] | None, model: Model) -> str:
+    """One mismatch in words: the tensor, what the config implies, what the checkpoint holds, and what to change."""
+    values = model.values or {}
+    parts = [model_tensors[n] for n in sorted(unit.names) if n in model_tensors]
+    label = " + ".join(sorted(unit.names))
+    bucket = parts[0].bucket if parts else "not in the model"
+    stored_as = sorted({pattern(t.name) for t in unit.stored})
+    where = f" (stored as {', '.join(stored_as)})" if stored_as and stored_as != [label] else ""
+    if not parts or expected == 0 and not any(p.tied for p in parts):
+        return f"{label}: stored ({len(unit.stored)} tensors, {found:,} values) but not part of the {model.recipe.title} model{where}{_switch_hint(model, label)}"
+    if any(p.tied for p in parts) and found:
+        key = model.recipe.options["lm_head"]["tied"]
+        return (f"{label} ({bucket}): stored ({found:,} values) but the config ties the head to the input embedding "
+                f"({key} = true): if the head is trained separately, set {key} to false; if it is a copy, the file stores it twice")
+    per_copy_expr = sp.Add(*(sp.Mul(*p.shape) for p in parts))
+    copies = parts[0].copies if all(p.copies == parts[0].copies for p in parts) else None
+    if copies is None or per_copy_expr.free_symbols == set():
+        formula = sp.Add(*(p.expr for p in parts))
+        said = f"expected {formula} = {expected:,}"
+    else:
+        each = per_copy(per_copy_expr, copies)
+        said = f"expected {per_copy_expr} = {with_values(per_copy_expr, values)}{each} ({evaluate(copies, values):,} copies)"
+    if not found:
+        flag = SWITCHES.get(label)
+        hint = f": the checkpoint ties the head to the input embedding; set {model.recipe.options['lm_head']['tied']} to true" if flag else _switch_hint(model, label)
+        return f"{label} ({bucket}): {said}, not stored{hint}"
+    if fit is None:
+        shapes = ", ".join(sorted({str(list(t.shape)) for t in unit.stored}))
+        return f"{label} ({bucket}): {said}, found {found:,} values in {len(unit.stored)} tensors of shape {shapes}{where}"
+    symbol, value = fit
+    trial = {**values, symbol: value}
+    if copies is not None and SYMBOLS[symbol] in per_copy_expr.free_symbols:
+        got = f"found {with_values(per_copy_expr, trial)}{per_copy(per_copy_expr, copies)}"
+    else:
+        got = f"found {found:,}"
+    return f"{label} ({bucket}): {said}, {got}{where}: {explain(symbol, value, values)}"
+
+
+def _switch_hint(model: Model, label: str) -> str:
+    """For a bias stored but not expected (or the reverse): the config keys that switch biases."""
+    if not label.endswith(".bias"):
+        return ""
+    keys = [f"{key} = {str(model.flags.get(flag)).lower()}" for flag, key in model.recipe.flag_keys().items() if "bias" in flag]
+    return f": check the bias switches ({', '.join(keys)})" if keys else ": the family has no bias here"
+
+
+def compare(model: Model, stored: list[Stored], source: str) -> Report:
+    """Expected tensors of `model` against the stored tensors, grouped into components."""
+    values = model.values or {}
+    rules = {**COMMON_NOT_PARAMETERS, **model.recipe.names.get("not_parameters", {})}
+    renames = {**COMMON_RENAME, **model.recipe.names.get("rename", {})}
+    layers = values.get("N")
+    model_tensors = expected_tensors(model.tree)
+    skipped, params, seen_layers = [], [], set()
+    for t in stored:
+        why = not_parameter(t.name, rules)
+        layer, names = normalise(t.name, renames)
+        if why is None and layer is not None and layers is not None and layer >= layers:
+            why = f"layer {layer} is beyond num_hidden_layers = {layers} (a multi-token-prediction layer)"
+        if why:
+            skipped.append({"tensor": t.name, "shape": str(list(t.shape)), "dtype": t.dtype, "reason": why})
+            continue
+        if layer is not None:
+            seen_layers.add(layer)
+        params.append((t, names))
+    units = group_units(model_tensors, params)
+    rows = [(u, sp.Add(*(model_tensors[n].expr for n in u.names if n in model_tensors)), sum(t.numel for t in u.stored)) for u in units]
+    fit = diagnose(rows, values)
+    mismatches, components = [], defaultdict(lambda: {"expected": 0, "found": 0})
+    for i, (unit, expr, found) in enumerate(rows):
+        expected = evaluate(expr, values)
+        bucket = next((model_tensors[n].bucket for n in sorted(unit.names) if n in model_tensors), "not in the model")
+        components[bucket]["expected"] += expected
+        components[bucket]["found"] += found
+        if expected != found:
+            mismatches.append(describe(unit, model_tensors, expected, found, fit.get(i), model))
+    if layers is not None and seen_layers and len(seen_layers) < layers:
+        missing = sorted(set(range(layers)) - seen_layers)
+        mismatches.append(f"layers: the checkpoint stores {len(seen_layers)} decoder layers, the config says {layers} (num_hidden_layers); missing: {_ranges(missing)}")
+    expected_total, found_total = model.count().total, sum(t.numel for t, _ in params)
+    order = list(model.components) + ["not in the model"]
+    table = {b: components[b] for b in order if b in components}
+    return Report(source, expected_total, found_total, not mismatches and expected_total == found_total, mismatches, table, skipped)
+
+
+def compare_index(model: Model, index_path: Path, dtype: str) -> Report:
+    """Only an index: metadata.total_size against the parameter count times the bytes per parameter of `dtype`."""
+    index = read_index(index_path)
+    size = index.get("metadata", {}).get("total_size") if isinstance(index.get("metadata"), dict) else None
+    if type(size) is not int or size < 0:
+        raise SymparamError(f"{index_path}: metadata.total_size is missing or not a whole number of bytes")
+    code = DTYPE_NAMES.get(dtype, dtype)
+    if code not in DTYPE_BYTES:
+        raise SymparamError(f"--dtype: unknown {dtype!r}; known: {', '.join(DTYPE_NAMES)}")
+    width, total = DTYPE_BYTES[code], model.count().total
+    rules = {**COMMON_NOT_PARAMETERS, **model.recipe.names.get("not_parameters", {})}
+    layers = (model.values or {}).get("N")
+    skipped = []
+    for name in index["weight_map"]:
+        layer, _ = normalise(name, {})
+        why = not_parameter(name, rules) or (f"layer {layer} is beyond num_hidden_layers = {layers} (a multi-token-prediction layer)" if layer is not None and layers is not None and layer >= layers else None)
+        if why:
+            skipped.append({"tensor": name, "shape": "?", "dtype": "?", "reason": why})
+    expected = total * width
+    mismatches = []
+    if size != expected:
+        implied = size / width
+        gap = size - expected
+        words = f"total_size: expected {total:,} parameters x {width} bytes ({dtype}) = {expected:,} bytes, found {size:,} bytes ({implied:,.0f} parameters at {width} bytes, {'+' if gap > 0 else ''}{gap:,} bytes)"
+        if skipped:
+            words += f"; total_size includes {len(skipped)} stored tensors that are not parameters (listed), read the shards for an exact comparison"
+        elif size % total == 0 or abs(size / total - round(size / total)) > 0.05:
+            words += f"; that is {size / total:.3f} bytes per parameter: is the checkpoint in another dtype? pass --dtype"
+        mismatches.append(words)
+    notes = [f"only the index was read: {len(index['weight_map'])} tensors named, no shapes; total_size compared at {width} bytes per parameter ({dtype})"]
+    return Report(str(index_path), expected, size, not mismatches, mismatches, {}, skipped, notes, unit="bytes")
+
+
+def _ranges(indices: list[int]) -> str:
+    """[3, 4, 5, 9] -> "3-5, 9"."""
+    out, start = [], None
+    for i, x in enumerate(indices):
+        if start is None:
+            start = x
+        if i + 1 == len(indices) or indices[i + 1] != x + 1:
+            out.append(f"{start}-{x}" if x != start else str(x))
+            start = None
+    return ", ".join(out)
+
+
+def verify(model: Model, path: str | Path, dtype: str = "bf16") -> Report:
+    """Compare `model` (with values) against the checkpoint at `path`; `dtype` is used only when just an index is there."""
+    if model.values is None:
+        raise SymparamError("verify needs a configured model: --model NAME or --config FILE")
+    shards, index = locate(path)
+    if not shards:
+        return compare_index(model, index, dtype)
+    stored = [t for shard in shards for t in tensors(shard)]
+    return compare(model, stored, str(path))
+
+
+def config_dtype(raw: dict[str, Any]) -> str:
+    """The dtype a config.json names (torch_dtype or dtype), bf16 if it names none."""
+    value = raw.get("torch_dtype") or raw.get("dtype") or "bf16"
+    return str(value).removeprefix("torch.")
+
+
+def text(report: Report) -> str:
+    """The report as lines a user reads: a component table, tensors that are not parameters, mismatches, the verdict."""
+    lines = [f"checkpoint: {report.source}"] + [f"note: {n}" for n in report.notes]
+    if report.components:
+        width = max(len(b) for b in report.components)
+        lines.append(f"{'component':<{width}}  {'expected':>17}  {'found':>17}")
+        for bucket, row in report.components.items():
+            flag = "ok" if row["expected"] == row["found"] else "MISMATCH"
+            lines.append(f"{bucket:<{width}}  {row['expected']:>17,}  {row['found']:>17,}  {flag}")
+    lines.append(f"total {report.unit}: expected {report.expected:,}, found {report.found:,}")
+    for item in report.not_parameters:
+        lines.append(f"not a parameter (not counted): {item['tensor']} {item['shape']}: {item['reason']}")
+    lines += [f"mismatch: {m}" for m in report.mismatches]
+    lines.append("match" if report.match else f"MISMATCH ({len(report.mismatches)})")
+    return "\n".join(lines)
+
+
+__all__ = ["verify", "compare", "compare_index", "Report", "read_header", "tensors", "expected_tensors", "normalise", "config_dtype", "text"]
