@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import sympy as sp
 
@@ -159,6 +160,153 @@ def cmd_plot(args: argparse.Namespace) -> str:
     return json.dumps(result, indent=2) if args.json else f"wrote {result['output']}"
 
 
+def raw_config(args: argparse.Namespace) -> dict:
+    """The config.json the source options name ({} for --arch or --recipe alone)."""
+    return read_preset(args.model) if args.model else read_config(args.config) if args.config else {}
+
+
+def recipe_of(args: argparse.Namespace, raw: dict):
+    """The recipe the source options name: --recipe, --arch, or the config's model_type."""
+    if args.recipe or args.arch:
+        return load_recipe(args.recipe) if args.recipe else REGISTRY.family(args.arch)
+    if not raw:
+        raise SymparamError("name a model: --model NAME, --config FILE, --arch ARCH or --recipe FILE")
+    return REGISTRY.for_model_type(raw.get("model_type"))
+
+
+def add_verify(p: argparse.ArgumentParser) -> None:
+    add_source(p)
+    p.add_argument("--checkpoint", metavar="PATH", required=True, help="a .safetensors file, a directory of shards, or a model.safetensors.index.json")
+    p.add_argument("--dtype", help="bytes per parameter when only an index is given (default: the config's torch_dtype, else bf16)")
+
+
+def cmd_verify(args: argparse.Namespace) -> tuple[str, int]:
+    from symparam import verify
+
+    report = verify.verify(model_from(args), args.checkpoint, args.dtype or verify.config_dtype(raw_config(args)))
+    out = json.dumps(report.as_dict(), indent=2) if args.json else verify.text(report)
+    return out, 0 if report.match else 1
+
+
+def parse_target(text: str) -> int:
+    """7e9, 7_000_000_000, 7B or 350M as an integer number of parameters."""
+    from decimal import Decimal, InvalidOperation
+
+    scale = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}.get(text[-1:].upper(), 1)
+    try:
+        value = Decimal(text[:-1] if scale > 1 else text.replace("_", "")) * scale
+    except InvalidOperation:
+        raise SymparamError(f"--target: expected a number such as 7e9 or 7B, got {text!r}") from None
+    if value != value.to_integral_value() or value <= 0:
+        raise SymparamError(f"--target: expected a positive whole number of parameters, got {text!r}")
+    return int(value)
+
+
+def add_solve(p: argparse.ArgumentParser) -> None:
+    add_source(p)
+    p.add_argument("--target", required=True, help="total parameters to aim at, e.g. 7e9 or 7B")
+    p.add_argument("--for", dest="symbol", required=True, metavar="SYMBOL", help="the symbol to solve for, e.g. d or N")
+
+
+def cmd_solve(args: argparse.Namespace) -> str:
+    from symparam import whatif
+
+    raw = raw_config(args)
+    sol = whatif.solve(recipe_of(args, raw), args.symbol, parse_target(args.target), raw, parse_sets(args.sets))
+    return json.dumps(sol.as_dict(), indent=2) if args.json else whatif.solution_text(sol)
+
+
+def add_sensitivity(p: argparse.ArgumentParser) -> None:
+    add_source(p)
+    p.add_argument("--for", dest="symbols", nargs="+", metavar="SYMBOL", help="symbols (default: every one the total depends on)")
+
+
+def cmd_sensitivity(args: argparse.Namespace) -> str:
+    from symparam import whatif
+
+    raw, model = raw_config(args), model_from(args)
+    formulas = whatif.derived(model.recipe, raw, parse_sets(args.sets))
+    items = whatif.sensitivities(model, formulas, args.symbols)
+    return json.dumps([s.as_dict() for s in items], indent=2) if args.json else whatif.sensitivity_text(items, formulas)
+
+
+def add_sweep(p: argparse.ArgumentParser) -> None:
+    add_source(p)
+    p.add_argument("--csv", metavar="FILE", help="rows of symbol values, a header of symbol names")
+    p.add_argument("--grid", nargs="+", default=[], metavar="SYMBOL=SPEC", help="every combination, e.g. d=1024:8192:512 N=12,24,36")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the CSV here instead of printing it")
+    p.add_argument("--on-overflow", choices=("fallback", "raise"), default="fallback", help="beyond int64: exact Python integers (default) or an error")
+
+
+def cmd_sweep(args: argparse.Namespace) -> str:
+    from symparam import whatif
+
+    if bool(args.csv) == bool(args.grid):
+        raise SymparamError("give one of --csv FILE and --grid SYMBOL=SPEC ...")
+    specs = dict(item.partition("=")[::2] for item in args.grid)
+    columns = whatif.read_csv(args.csv) if args.csv else whatif.grid(specs)
+    first = {name: int(col[0]) for name, col in columns.items() if len(col)}
+    args.sets = args.sets + [f"{k}={v}" for k, v in first.items()]  # the first row lets the config resolve
+    raw, model = raw_config(args), model_from(args)
+    formulas = whatif.derived(model.recipe, raw, {k: v for k, v in parse_sets(args.sets).items() if k not in first})
+    results = whatif.sweep(model, columns, formulas, args.on_overflow)
+    if args.json:
+        return json.dumps({**{k: [int(x) for x in v] for k, v in columns.items()}, **{k: [int(x) for x in v] for k, v in results.items()}})
+    out = whatif.csv_text(columns, results)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(out + "\n")
+        return f"wrote {args.output} ({len(results['total'])} rows)"
+    return out
+
+
+def add_derive(parser: argparse.ArgumentParser) -> None:
+    add_source(parser)
+    fmt = parser.add_mutually_exclusive_group(required=True)
+    fmt.add_argument("--latex", action="store_const", const="latex", dest="format", help="a LaTeX document")
+    fmt.add_argument("--markdown", action="store_const", const="markdown", dest="format", help="Markdown with $...$ math")
+    parser.add_argument("--lang", choices=("en", "zh"), default="en", help="English or Chinese (default en)")
+    parser.add_argument("--fragment", action="store_true", help="LaTeX without preamble, for \\input")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of printing")
+
+
+def cmd_derive(args: argparse.Namespace) -> str:
+    from symparam.derive import derive
+    from symparam.docs import write_atomic
+    from symparam.render import render
+
+    symbolic = not (args.model or args.config or args.sets)
+    if symbolic and not (args.arch or args.recipe):
+        raise SymparamError("name a model: --arch ARCH (symbolic), or with --model NAME / --config FILE for numbers")
+    if symbolic:
+        model = Model(load_recipe(args.recipe) if args.recipe else REGISTRY.family(args.arch))
+    else:
+        model = model_from(args)
+    text = render(derive(model), args.format, args.lang, args.fragment)
+    if not args.output:
+        return text.rstrip("\n")
+    write_atomic(Path(args.output), text)
+    return f"wrote {args.output}"
+
+
+def add_docs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--check", action="store_true", help="exit 2 if generated/ is stale, writing nothing")
+    parser.add_argument("--dir", default="generated", metavar="DIR", help="output directory (default generated)")
+
+
+def cmd_docs(args: argparse.Namespace) -> str:
+    from symparam import docs
+
+    directory = Path(args.dir)
+    if args.check:
+        stale = docs.stale(directory)
+        if stale:
+            raise SymparamError(f"{directory}/ is stale ({', '.join(stale)}); run `symparam docs`")
+        return f"{directory}/ is up to date"
+    changed = docs.regenerate(directory)
+    return f"wrote {len(changed)} file(s) in {directory}/" + "".join(f"\n  {name}" for name in changed)
+
+
 # name -> (help, add arguments, run); each run returns the text to print.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]] = {
     "count": ("exact total, active and per-component parameter counts", add_source, cmd_count),
@@ -167,6 +315,12 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "flops": ("forward and training FLOPs per token", lambda p: (add_source(p), add_context(p)), cmd_flops),
     "shapes": ("tensor shapes through one forward pass", lambda p: (add_source(p), add_context(p, required=True)), cmd_shapes),
     "plot": ("charts of the parameter distribution (a family's sizes, or one model)", add_plot, cmd_plot),
+    "derive": ("step-by-step derivation as LaTeX or Markdown, English or Chinese", add_derive, cmd_derive),
+    "docs": ("regenerate generated/ (or --check that it is current)", add_docs, cmd_docs),
+    "verify": ("compare with a safetensors checkpoint's headers; exit 1 on a mismatch", add_verify, cmd_verify),
+    "solve": ("the integer values of a symbol closest to a target total", add_solve, cmd_solve),
+    "sensitivity": ("d(total)/d(symbol), symbolic and at a config", add_sensitivity, cmd_sensitivity),
+    "sweep": ("exact counts over a grid or a CSV of configs (CSV out)", add_sweep, cmd_sweep),
 }
 
 
@@ -184,7 +338,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        print(args.run(args))
+        result = args.run(args)  # text, or (text, exit code) for commands that judge (verify)
+        text, code = result if isinstance(result, tuple) else (result, 0)
+        print(text)
+        if code:
+            return code
     except SymparamError as e:
         print(f"symparam: error: {e}", file=sys.stderr)
         return 2

@@ -279,7 +279,8 @@ def fits(expr: sp.Expr, target: int, values: dict[str, int]) -> list[tuple[str, 
     out = []
     for sym in sorted(expr.free_symbols, key=str):
         others = {SYMBOLS[k]: sp.Integer(v) for k, v in values.items() if k in SYMBOLS and k != sym.name}
-        for root in sp.solve(sp.Eq(expr.xreplace(others), target), sym):
+        x = sp.Symbol(sym.name, positive=True)  # real: an integer symbol would hide roots from solve
+        for root in sp.solve(sp.Eq(expr.xreplace(others).xreplace({sym: x}), target), x):
             if root.is_Integer and root > 0 and int(root) != values.get(sym.name):
                 out.append((sym.name, int(root)))
     return out
@@ -362,7 +363,7 @@ def describe(unit: Unit, model_tensors: dict[str, Expected], expected: int, foun
         said = f"expected {formula} = {expected:,}"
     else:
         each = per_copy(per_copy_expr, copies)
-        said = f"expected {per_copy_expr} = {with_values(per_copy_expr, values)}{each} ({evaluate(copies, values):,} copies)"
+        said = f"expected {per_copy_expr} = {with_values(per_copy_expr, values)}{each} (x{evaluate(copies, values):,})"
     if not found:
         flag = SWITCHES.get(label)
         hint = f": the checkpoint ties the head to the input embedding; set {model.recipe.options['lm_head']['tied']} to true" if flag else _switch_hint(model, label)
