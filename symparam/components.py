@@ -116,7 +116,8 @@ def attention(kind: str, qkv_bias: bool, o_bias: bool, qk_norm: str, sinks: bool
         ]
     parts.append(linear("o_proj", "O", d, q_dim, o_bias, "W_O: heads back to d"))
     if qk_norm != "none":
-        q_norm, k_norm = (h_d, h_d) if qk_norm == "head" else (q_dim, kv_dim)
+        # "full" (OLMoE) normalises whole projections, sized by transformers from d: d for q, h_kv heads of d/h for k.
+        q_norm, k_norm = (h_d, h_d) if qk_norm == "head" else (d, d * h_kv / h)
         parts += [norm("q_norm", "rms", q_norm, "query norm"), norm("k_norm", "rms", k_norm, "key norm")]
     if sinks:
         parts.append(tensor("sinks", "s", (h,), "one attention-sink logit per query head"))
@@ -158,13 +159,13 @@ def ffn(kind: str, size: sp.Expr, bias: bool, fused: bool, key: str = "mlp", com
     return group(key, "feed-forward", parts, component=component)
 
 
-def moe(kind: str, size: sp.Expr, bias: bool, router_bias: bool, shared: sp.Expr | None) -> Term:
-    """Mixture of experts: a router over n experts, k of them per token, and optional shared experts."""
+def moe(kind: str, size: sp.Expr, bias: bool, router_bias: bool, shared: sp.Expr | None, shared_bias: bool = False) -> Term:
+    """Mixture of experts: a router over n experts, k of them per token, and optional shared experts (own bias switch)."""
     router = linear("gate", "router", n, d, router_bias, "router: one logit per expert")
     expert = ffn(kind, size, bias, fused=False, key="expert", component="routed experts")
     parts = [group("gate", "router", [router], component="router"), group("experts", "routed experts", [expert], times=n, active_times=k, component="routed experts")]
     if shared is not None:
-        parts.append(ffn(kind, shared, bias, fused=False, key="shared_experts", component="shared experts"))
+        parts.append(ffn(kind, shared, shared_bias, fused=False, key="shared_experts", component="shared experts"))
     return group("mlp", "mixture of experts", parts)
 
 
