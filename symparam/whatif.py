@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -222,6 +223,7 @@ class Compiled:
         return sum(abs(c) * math.prod(t**e for t, e in zip(top, exps)) for c, exps in self.monomials)
 
 
+@functools.lru_cache(maxsize=64)
 def compile_count(expr: sp.Expr) -> Compiled:
     """`expr` (a polynomial with integer coefficients) as a numpy function of its symbols, in vocabulary order."""
     names = tuple(str(s) for s in SYMBOLS.values() if s in expr.free_symbols)
@@ -269,6 +271,16 @@ def fill(model: Model, columns: Mapping[str, Any], formulas: Mapping[str, sp.Exp
 
 
 def _column(name: str, values: Any, size: int) -> np.ndarray:
+    """One column as int64 (objects holding Python ints beyond int64); floats and negatives are errors."""
+    array = np.atleast_1d(np.asarray(values))
+    if array.dtype.kind in "iu":  # already integers: no per-row Python work
+        if array.size and array.min() < 0:
+            raise SymparamError(f"sweep: column {name} has a negative value")
+        if array.dtype.kind == "u" and array.size and array.max() > INT64_MAX:
+            array = array.astype(object)
+        else:
+            array = array.astype(np.int64, copy=False)
+        return np.broadcast_to(array, (size,)) if len(array) == 1 else array
     array = np.atleast_1d(np.asarray(values, dtype=object))
     if not all(type(x) is int or isinstance(x, np.integer) for x in array):
         raise SymparamError(f"sweep: column {name} must hold integers")
@@ -298,7 +310,9 @@ def _derive(name: str, formula: sp.Expr, columns: dict[str, np.ndarray], values:
 def sweep(model: Model, columns: Mapping[str, Any], formulas: Mapping[str, sp.Expr] | None = None, on_overflow: str = "fallback") -> dict[str, np.ndarray]:
     """Exact total and active counts for every row of `columns` (symbol -> array), vectorised."""
     values = fill(model, columns, formulas)
-    return {"total": evaluate(compile_count(model.total), values, on_overflow), "active": evaluate(compile_count(model.active), values, on_overflow)}
+    total = evaluate(compile_count(model.total), values, on_overflow)
+    active = total if model.active == model.total else evaluate(compile_count(model.active), values, on_overflow)
+    return {"total": total, "active": active}
 
 
 def grid(specs: Mapping[str, str]) -> dict[str, np.ndarray]:
