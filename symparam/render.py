@@ -1,0 +1,188 @@
+"""Lays out derivations with Jinja templates as Markdown or LaTeX, in English or Chinese."""
+
+from __future__ import annotations
+
+import string
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cache
+from importlib import resources
+
+import jinja2
+import sympy as sp
+from sympy.printing.latex import LatexPrinter
+
+from symparam.derive import ASSUMPTIONS, Derivation, billions, derive, percent
+from symparam.errors import SymparamError
+from symparam.model import Model
+from symparam.symbols import BY_NAME, LATEX_NAMES, SYMBOLS
+
+FORMATS = {"markdown": "md", "latex": "tex"}
+LANGS = ("en", "zh")
+
+
+class Printer(LatexPrinter):
+    """SymPy's LaTeX printer with the vocabulary's names, step placeholders by title, and grouped digits."""
+
+    def __init__(self, names: Mapping[sp.Symbol, str] | None = None):
+        super().__init__({"symbol_names": {**LATEX_NAMES, **(names or {})}})
+
+    def _print_Integer(self, expr: sp.Integer) -> str:
+        return f"{int(expr):,}".replace(",", "{,}") if abs(expr) >= 10**5 else str(expr)
+
+
+_TEX_SPECIAL = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#", "%": r"\%", "_": r"\_", "^": r"\^{}", "~": r"\~{}", "<": r"\textless{}", ">": r"\textgreater{}"}
+_MD_SPECIAL = set("\\`*_{}[]<>#|$")
+
+
+def ratio(x: Fraction) -> str:
+    """An exact ratio as a terminating decimal ("5.375") where it has one, else "a/b"."""
+    x = Fraction(x)
+    q = x.denominator
+    for p in (2, 5):
+        while q % p == 0:
+            q //= p
+    if q != 1:
+        return f"{x.numerator}/{x.denominator}"
+    places = 0
+    while (x * 10**places).denominator != 1:
+        places += 1
+    whole = x * 10**places
+    text = str(whole.numerator).rjust(places + 1, "0")
+    return text if not places else f"{text[:-places]}.{text[-places:]}"
+
+
+def escape_tex(text: str) -> str:
+    """Plain text made safe for LaTeX text mode (also inside \\text{} in math)."""
+    return "".join(_TEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def escape_md(text: str) -> str:
+    """Plain text made safe for Markdown (and its tables)."""
+    return "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in str(text))
+
+
+ESCAPE = {"tex": escape_tex, "md": escape_md}
+
+
+@cache
+def catalog(lang: str) -> dict:
+    """The phrases of a language, from templates/<lang>.toml."""
+    if lang not in LANGS:
+        raise SymparamError(f"lang: unknown {lang!r}; known: {', '.join(LANGS)}")
+    return tomllib.loads(templates().joinpath(f"{lang}.toml").read_text(encoding="utf-8"))
+
+
+def templates():
+    """The packaged templates directory (the top-level templates/ in a checkout)."""
+    return resources.files("symparam.templates")
+
+
+def _load(name: str) -> str:
+    return templates().joinpath(name).read_text(encoding="utf-8")
+
+
+@dataclass
+class Words:
+    """The translated words of one document: phrases, titles, notes and symbol meanings, escaped for its format."""
+
+    lang: str
+    fmt: str
+
+    def __post_init__(self) -> None:
+        self.table = catalog(self.lang)
+        self.esc = ESCAPE[self.fmt]
+
+    def word(self, section: str, text: str) -> str:
+        """A title, note or meaning in this language (the English text where the catalog has none), escaped."""
+        return self.esc(self.table.get(section, {}).get(text, text))
+
+    def phrase(self, key: str, **fields: str) -> str:
+        """A catalog phrase with its literal text escaped and the fields (already formatted) put in."""
+        source = self.table["phrases"][key]
+        out = []
+        for literal, field, _, _ in string.Formatter().parse(source):
+            out.append(self.esc(literal))
+            if field is not None:
+                out.append(str(fields[field]))
+        return "".join(out)
+
+
+def placeholder_names(d: Derivation, words: Words) -> dict[sp.Symbol, str]:
+    """P_{title} for every step and absent part, in the document's language."""
+    names = {}
+    for step in d.steps:
+        label = words.phrase("model") if step.index == 0 else words.word("titles", step.title)
+        names[step.placeholder] = rf"P_{{\text{{{label}}}}}"
+        for ref in step.refs:
+            names.setdefault(ref.placeholder, rf"P_{{\text{{{words.word('titles', ref.title)}}}}}")
+    return names
+
+
+def environment(fmt: str, lang: str, d: Derivation | None = None) -> jinja2.Environment:
+    """A strict environment for one format and language; user strings reach it only as escaped values."""
+    words = Words(lang, fmt)
+    printer = Printer(placeholder_names(d, words) if d is not None else {})
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(_load),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    sep = "," if fmt == "md" else "{,}"
+    env.filters.update(
+        esc=words.esc,
+        math=lambda e: printer.doprint(sp.sympify(e)),
+        ratio=ratio,
+        num=lambda n: f"{n:,}".replace(",", sep),
+        billions=billions,
+        number=lambda x: f"{int(x):,}".replace(",", sep) if Fraction(x).denominator == 1 else ratio(x),
+        pct=lambda x: percent(Fraction(x)),
+        signed_pct=lambda x: ("+" if x >= 0 else "") + percent(Fraction(x)),
+        title=lambda t: words.word("titles", t),
+        note=lambda t: words.word("notes", t),
+        meaning=lambda name: words.word("meanings", BY_NAME[name].meaning),
+    )
+    env.globals.update(t=words.phrase, lang=lang, fmt=fmt, SYMBOLS=SYMBOLS, ASSUMPTIONS=ASSUMPTIONS)
+    return env
+
+
+def render(d: Derivation, fmt: str = "markdown", lang: str = "en", fragment: bool = False) -> str:
+    """A derivation as a Markdown or LaTeX document (or a LaTeX fragment for \\input)."""
+    ext = FORMATS.get(fmt, fmt)
+    if ext not in ESCAPE:
+        raise SymparamError(f"format: unknown {fmt!r}; known: {', '.join(FORMATS)}")
+    return environment(ext, lang, d).get_template(f"derivation.{ext}.j2").render(d=d, fragment=fragment)
+
+
+def examples_page(lang: str = "en") -> str:
+    """The source documents' worked examples beside the exact counts, as Markdown."""
+    from symparam.examples import examples
+
+    return environment("md", lang).get_template("examples.md.j2").render(examples=examples())
+
+
+class Explanation:
+    """A model's derivation that Jupyter shows as Markdown with math."""
+
+    def __init__(self, model: Model, lang: str = "en"):
+        self.derivation = derive(model)
+        self.lang = lang
+
+    def markdown(self) -> str:
+        return render(self.derivation, "markdown", self.lang)
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown()
+
+
+def explain(model: Model, lang: str = "en") -> Explanation:
+    """The displayable derivation of a model (Markdown in Jupyter)."""
+    return Explanation(model, lang)
+
+
+__all__ = ["Explanation", "Printer", "environment", "escape_md", "escape_tex", "explain", "render"]

@@ -1,0 +1,1 @@
+"""Jinja templates and phrase catalogs of symparam.render, installed as the package symparam.templates."""

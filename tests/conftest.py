@@ -1,0 +1,12 @@
+"""Shared pytest options: `--update-golden` rewrites the golden files under tests/golden/ instead of comparing."""
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/ from the current output")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    return request.config.getoption("--update-golden")
