@@ -1,0 +1,58 @@
+"""Charts are written whole, reopen as images of a sensible size, and bad outputs are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from symparam.cli import main
+from symparam.errors import SymparamError
+from symparam.plot import family_models, plot_model, save
+from symparam import load
+
+image = pytest.importorskip("matplotlib.image")
+
+
+@pytest.mark.parametrize("args", [["--family", "gpt2"], ["--family", "qwen3"], ["--family", "qwen3-moe"], ["--model", "deepseek-v3"], ["--model", "gpt2"]])
+def test_png_written_and_reopened(tmp_path, capsys, args):
+    out = tmp_path / "chart.png"
+    assert main(["plot", *args, "-o", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["output"] == str(out)
+    pixels = image.imread(out)
+    height, width = pixels.shape[:2]
+    assert 400 <= height <= 2000 and 600 <= width <= 2500
+    assert pixels.std() > 0.05  # not a blank canvas
+    assert [p.name for p in tmp_path.iterdir()] == ["chart.png"]  # no temporary file left behind
+
+
+def test_svg(tmp_path):
+    out = tmp_path / "q.svg"
+    plot_model(load("qwen3-8b"), out)
+    text = out.read_text()
+    assert text.lstrip().startswith("<?xml") and "</svg>" in text
+
+
+def test_family_presets_in_size_order():
+    assert [m.name for m in family_models("gpt2")] == ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+
+
+def test_bad_outputs(tmp_path, capsys):
+    assert main(["plot", "--model", "gpt2", "-o", str(tmp_path / "x.jpg")]) == 2
+    assert main(["plot", "--family", "gemma2", "-o", str(tmp_path / "x.png")]) == 2
+    assert main(["plot", "--family", "gpt2", "--model", "gpt2", "-o", str(tmp_path / "x.png")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_write_leaves_no_file(tmp_path):
+    class Broken:
+        def savefig(self, f, format):
+            f.write(b"half")
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        save(Broken(), tmp_path / "x.png")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SymparamError):
+        save(Broken(), tmp_path / "missing" / "x.png")
