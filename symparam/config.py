@@ -83,7 +83,7 @@ def _values(config: dict[str, Any], needed: set[str], overrides: dict[str, int],
     for symbol in BY_NAME:
         if symbol in values:
             continue
-        key = next((k for k in BY_NAME[symbol].keys if config.get(k) is not None), None)
+        key = next((k for k in recipe.config_keys(symbol) if config.get(k) is not None), None)
         if key is not None:
             values[symbol] = _check(symbol, key, config[key])
     if "moe" in recipe.options and "N_dense" not in values:

@@ -13,7 +13,7 @@ import sympy as sp
 
 from symparam import components as c
 from symparam.errors import SymparamError
-from symparam.symbols import N, N_dense, parse
+from symparam.symbols import BY_NAME, N, N_dense, parse
 
 FLAG = "flag"  # an option that is true, false, or the name of a config key that says which
 FORMULA = "formula"  # an option that is a formula over symbols, such as "n_s*d_moe"
@@ -47,7 +47,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
     # above_max_window_layers (layers i >= max_window_layers). `window` says whether the window is on at all.
     "cache": {"sliding": (("none", "all", "alternate", "above_max_window_layers"), "none"), "window": (FLAG, True)},
 }
-TOP_LEVEL = {"family", "title", "model_types", "summary", "defaults", "names"}
+TOP_LEVEL = {"family", "title", "model_types", "summary", "defaults", "keys", "names"}
 # [names] tables: how checkpoints name this family's tensors, as regex -> replacement (verify.py reads them).
 NAME_TABLES = ("rename", "not_parameters")
 
@@ -64,6 +64,11 @@ class Recipe:
     defaults: dict[str, Any] = field(default_factory=dict)  # config key -> transformers' default
     source: str = ""  # where the recipe was read from
     names: dict[str, dict[str, str]] = field(default_factory=dict)  # [names.rename] / [names.not_parameters]: regex -> text
+    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # symbol -> the config keys this family reads it from
+
+    def config_keys(self, symbol: str) -> tuple[str, ...]:
+        """The config keys a symbol is read from: the family's own list, else the symbol table's."""
+        return self.keys.get(symbol, BY_NAME[symbol].keys)
 
     def flag_keys(self) -> dict[str, str]:
         """Config keys the recipe's flags read, as "section.option" -> key."""
@@ -154,7 +159,20 @@ def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
         defaults=dict(data.get("defaults", {})),
         source=source,
         names=_check_names(source, data.get("names", {})),
+        keys=_check_keys(source, data.get("keys", {})),
     )
+
+
+def _check_keys(source: str, keys: Any) -> dict[str, tuple[str, ...]]:
+    """[keys]: symbol -> list of config keys, for a family that reads a symbol from other keys than usual."""
+    if not isinstance(keys, dict):
+        raise SymparamError(f"{source}: [keys] must be a table")
+    for name, given in keys.items():
+        if name not in BY_NAME:
+            raise SymparamError(f"{source}: [keys] unknown symbol {name!r}")
+        if not isinstance(given, list) or not all(isinstance(k, str) for k in given):
+            raise SymparamError(f"{source}: [keys] {name} must be a list of config keys")
+    return {name: tuple(given) for name, given in keys.items()}
 
 
 def _check_names(source: str, names: Any) -> dict[str, dict[str, str]]:
