@@ -15,6 +15,8 @@ from symparam.recipes import REGISTRY
 
 from oracle import oracle
 
+pytestmark = pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")  # n_shared_experts = 0 builds empty MLPs
+
 # Published figures (DESIGN.md and issue 2): name -> (total, active). Independent of this package's code.
 PUBLISHED: dict[str, tuple[int, int]] = {
     "gpt2": (124_439_808, 124_439_808),
