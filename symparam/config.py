@@ -130,7 +130,7 @@ def _dense_layers(layout: str, config: dict[str, Any], values: dict[str, int]) -
         return min(_check("N_dense", "first_k_dense_replace", config.get("first_k_dense_replace", 0)), layers)
     if layout == "sparse_step":
         step = _check("N", "decoder_sparse_step", config.get("decoder_sparse_step", 1), "every how many layers one is MoE")
-        only = config.get("mlp_only_layers", [])
+        only = config.get("mlp_only_layers") or []  # null means none, as Qwen3MoeConfig reads it
         if not isinstance(only, list) or not all(type(i) is int for i in only):
             raise SymparamError(f"mlp_only_layers: expected a list of layer indices, got {only!r}")
         return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)

@@ -35,6 +35,7 @@ PUBLISHED: dict[str, tuple[int, int]] = {
     "classic-512-tied": (41_603_072, 41_603_072),
 }
 
+ISSUE_FAMILIES = {"gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gemma2", "phi3", "olmoe", "gpt_oss", "classic"}
 FAMILIES = sorted(recipe.family for recipe in REGISTRY)
 HF_MODEL_TYPES = sorted(t for recipe in REGISTRY for t in recipe.model_types if t != "classic")
 
@@ -54,8 +55,9 @@ def reference(config: dict[str, Any]) -> tuple[int, int]:
     return o.total, o.active
 
 
-def test_every_preset_has_a_published_figure():
+def test_every_preset_has_a_published_figure_and_every_issue_family_a_recipe():
     assert set(presets()) == set(PUBLISHED)
+    assert set(FAMILIES) == ISSUE_FAMILIES
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -80,7 +82,6 @@ NO_SPECIAL_TOKENS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id":
 GPT2_KEYS = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head", "intermediate_size": "n_inner"}
 MLA = {"deepseek_v2", "deepseek_v3"}
 EXPERT_KEY = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "qwen3_moe": "num_experts", "olmoe": "num_experts"} | {f: "n_routed_experts" for f in MLA}
-FOUR_D = {"classic", "gpt2"}  # families whose FFN size defaults to 4d when the config omits it
 small = st.integers(1, 6)
 
 
@@ -113,10 +114,7 @@ def base(draw, family: str) -> dict[str, Any]:
         "num_attention_heads": h,
         "hidden_size": h * 2 * draw(small),  # d/h whole and even: families without head_dim need it, RoPE needs it even
     }
-    if family in FOUR_D:
-        maybe(draw, config, "intermediate_size", st.integers(1, 40))
-    else:
-        config["intermediate_size"] = draw(st.integers(1, 40))
+    maybe(draw, config, "intermediate_size", st.integers(1, 40))  # omitted: 4d for gpt2 and classic, a fixed default elsewhere
     if library_kv_heads(family, h) == h_kv:
         maybe(draw, config, "num_key_value_heads", st.just(h_kv))
     else:
@@ -136,7 +134,7 @@ def experts(draw, family: str, layers: int) -> dict[str, Any]:
         config["moe_intermediate_size"] = draw(st.integers(1, 24))
     if family == "qwen3_moe":
         maybe(draw, config, "decoder_sparse_step", st.integers(1, 3))
-        maybe(draw, config, "mlp_only_layers", st.lists(st.integers(0, layers - 1), unique=True, max_size=layers))
+        maybe(draw, config, "mlp_only_layers", st.none() | st.lists(st.integers(0, layers - 1), unique=True, max_size=layers))
     if family in MLA:
         maybe(draw, config, "n_shared_experts", st.integers(0, 2))
         maybe(draw, config, "first_k_dense_replace", st.integers(0, layers + 1))
@@ -172,7 +170,7 @@ def classic_extras(draw) -> dict[str, Any]:
 def configs(draw, family: str) -> dict[str, Any]:
     """A random small config.json dict of `family`, fed unchanged to symparam and to the oracle."""
     config = draw(base(family))
-    if REGISTRY.family(family).has_moe:
+    if family in EXPERT_KEY:
         config |= draw(experts(family, config["num_hidden_layers"]))
     if family in MLA:
         config |= draw(latent_attention())
