@@ -68,7 +68,7 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
         raise SymparamError(f"config: expected a JSON object, got {type(raw).__name__}")
     recipe = recipe or REGISTRY.for_model_type(raw.get("model_type"))
     config = {**recipe.defaults, **raw}
-    flags = {flag: truthy(config.get(key), key) for flag, key in recipe.flag_keys().items()}
+    flags = {flag: truthy(config.get(key), key, recipe.defaults.get(key)) for flag, key in recipe.flag_keys().items()}
     needed = {str(s) for s in recipe.build(flags).expr.free_symbols}
     if recipe.options["attention"]["kind"] == "mha":
         needed |= {"h", "h_d"}  # d x d attention: transformers still splits d into h heads of h_d

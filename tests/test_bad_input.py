@@ -52,6 +52,8 @@ def without(base, key):
         (with_(LLAMA, model_type="not-a-model"), "model_type"),
         (without(LLAMA, "model_type"), "model_type"),
         (with_(LLAMA, tie_word_embeddings="yes"), "tie_word_embeddings"),
+        (with_(LLAMA, tie_word_embeddings=None), "tie_word_embeddings: expected true or false, got null"),
+        (with_(LLAMA, attention_bias=1), "attention_bias"),
         (with_(LLAMA, hidden_size=4000, num_attention_heads=3), "head_dim"),
         (with_(QWEN3_MOE, num_experts_per_tok=200), "num_experts_per_tok"),
         (with_(QWEN3_MOE, decoder_sparse_step=0), "decoder_sparse_step"),

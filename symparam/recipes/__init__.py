@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import json
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -81,7 +82,7 @@ class Recipe:
 
     def default_flags(self) -> dict[str, bool]:
         """Flags as the library defaults set them."""
-        return {name: truthy(self.defaults.get(key), key) for name, key in self.flag_keys().items()}
+        return {name: truthy(self.defaults.get(key), key, self.defaults.get(key)) for name, key in self.flag_keys().items()}
 
     @property
     def has_moe(self) -> bool:
@@ -120,8 +121,10 @@ class Recipe:
         return c.group("model", self.title, [*c.embedding(emb["positions"]), *layers, *c.head(section("lm_head")["tied"], final)])
 
 
-def truthy(value: Any, key: str) -> bool:
-    """A config value that switches a part on or off: a bool, null, or a size (a present low rank)."""
+def truthy(value: Any, key: str, default: Any = None) -> bool:
+    """A config value that switches a part on or off: a bool (where the default is one), else also null or a size."""
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise SymparamError(f"{key}: expected true or false, got {json.dumps(value)}")
     if value is None or isinstance(value, bool):
         return bool(value)
     if isinstance(value, int) and value > 0:
