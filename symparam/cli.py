@@ -13,10 +13,10 @@ import sympy as sp
 from symparam.config import presets, read_config, read_preset, resolve
 from symparam.errors import SymparamError
 from symparam.model import Model
-from symparam.recipes import REGISTRY, load_recipe
+from symparam.recipes import REGISTRY, Recipe, load_recipe
 
 
-def add_source(parser: argparse.ArgumentParser, arch_only: bool = False) -> None:
+def add_source(parser: argparse.ArgumentParser) -> None:
     """The ways to name a model: a preset, a config.json, a family, or a recipe file, plus --set."""
     group = parser.add_argument_group("model")
     group.add_argument("--model", metavar="NAME", help="a built-in preset (see `symparam list`)")
@@ -44,20 +44,23 @@ def parse_sets(items: list[str]) -> dict[str, int]:
     return values
 
 
-def model_from(args: argparse.Namespace) -> Model:
-    """The Model that the source options name, with its values."""
-    given = [opt for opt in ("model", "config") if getattr(args, opt)]
-    if len(given) > 1:
+def source(args: argparse.Namespace) -> tuple[dict, Recipe | None, str]:
+    """The config the options name ({} for --arch or --recipe alone), the recipe they force, and a title."""
+    if args.model and args.config:
         raise SymparamError("give only one of --model and --config")
     recipe = load_recipe(args.recipe) if args.recipe else REGISTRY.family(args.arch) if args.arch else None
     if args.model:
-        raw, name = read_preset(args.model), args.model
-    elif args.config:
-        raw, name = read_config(args.config), args.config
-    elif recipe is not None:
-        raw, name = {}, recipe.title
-    else:
+        return read_preset(args.model), recipe, args.model
+    if args.config:
+        return read_config(args.config), recipe, args.config
+    if recipe is None:
         raise SymparamError("name a model: --model NAME, --config FILE, --arch ARCH or --recipe FILE")
+    return {}, recipe, recipe.title
+
+
+def model_from(args: argparse.Namespace) -> Model:
+    """The Model that the source options name, with its values."""
+    raw, recipe, name = source(args)
     return Model.from_resolved(resolve(raw, recipe, parse_sets(args.sets), name))
 
 
@@ -162,16 +165,13 @@ def cmd_plot(args: argparse.Namespace) -> str:
 
 def raw_config(args: argparse.Namespace) -> dict:
     """The config.json the source options name ({} for --arch or --recipe alone)."""
-    return read_preset(args.model) if args.model else read_config(args.config) if args.config else {}
+    return source(args)[0]
 
 
-def recipe_of(args: argparse.Namespace, raw: dict):
+def recipe_of(args: argparse.Namespace) -> Recipe:
     """The recipe the source options name: --recipe, --arch, or the config's model_type."""
-    if args.recipe or args.arch:
-        return load_recipe(args.recipe) if args.recipe else REGISTRY.family(args.arch)
-    if not raw:
-        raise SymparamError("name a model: --model NAME, --config FILE, --arch ARCH or --recipe FILE")
-    return REGISTRY.for_model_type(raw.get("model_type"))
+    raw, recipe, _ = source(args)
+    return recipe or REGISTRY.for_model_type(raw.get("model_type"))
 
 
 def add_verify(p: argparse.ArgumentParser) -> None:
@@ -212,7 +212,7 @@ def cmd_solve(args: argparse.Namespace) -> str:
     from symparam import whatif
 
     raw = raw_config(args)
-    sol = whatif.solve(recipe_of(args, raw), args.symbol, parse_target(args.target), raw, parse_sets(args.sets))
+    sol = whatif.solve(recipe_of(args), args.symbol, parse_target(args.target), raw, parse_sets(args.sets))
     return json.dumps(sol.as_dict(), indent=2) if args.json else whatif.solution_text(sol)
 
 
@@ -275,13 +275,8 @@ def cmd_derive(args: argparse.Namespace) -> str:
     from symparam.docs import write_atomic
     from symparam.render import render
 
-    symbolic = not (args.model or args.config or args.sets)
-    if symbolic and not (args.arch or args.recipe):
-        raise SymparamError("name a model: --arch ARCH (symbolic), or with --model NAME / --config FILE for numbers")
-    if symbolic:
-        model = Model(load_recipe(args.recipe) if args.recipe else REGISTRY.family(args.arch))
-    else:
-        model = model_from(args)
+    raw, recipe, _ = source(args)
+    model = Model(recipe) if not (raw or args.sets) else model_from(args)  # no values: purely symbolic
     text = render(derive(model), args.format, args.lang, args.fragment)
     if not args.output:
         return text.rstrip("\n")

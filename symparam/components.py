@@ -182,23 +182,6 @@ def head(tied: bool, final_norm: str | None) -> list[Term]:
     return terms + [tensor("lm_head", "W_{LM}", (V, d), note, component="LM head", tied=tied)]
 
 
-def breakdown(term: Term, active: bool = False) -> dict[str, sp.Expr]:
-    """Parameters per component bucket, over the whole tree, in COMPONENTS order."""
-    sums: dict[str, sp.Expr] = {}
-
-    def walk(t: Term, mult: sp.Expr, bucket: str | None) -> None:
-        bucket = t.component or bucket
-        mult = mult * (t.active_times if active else t.times)
-        if t.is_leaf:
-            sums[bucket] = sums.get(bucket, ZERO) + mult * t.each
-        for c in t.children:
-            walk(c, mult, bucket)
-
-    walk(term, ONE, None)
-    return {c: sp.expand(sums[c]) for c in COMPONENTS if c in sums}
-
-
-
 def leaves(term: Term, active: bool = False, mult: sp.Expr = ONE, bucket: str | None = None):
     """Every tensor of the tree with its copies (all, or one token's) and its bucket: (leaf, copies, bucket)."""
     bucket = term.component or bucket
@@ -207,6 +190,14 @@ def leaves(term: Term, active: bool = False, mult: sp.Expr = ONE, bucket: str | 
         yield term, mult, bucket
     for child in term.children:
         yield from leaves(child, active, mult, bucket)
+
+
+def breakdown(term: Term, active: bool = False) -> dict[str, sp.Expr]:
+    """Parameters per component bucket, over the whole tree, in COMPONENTS order."""
+    sums: dict[str, sp.Expr] = {}
+    for leaf, copies, bucket in leaves(term, active):
+        sums[bucket] = sums.get(bucket, ZERO) + copies * leaf.each
+    return {c: sp.expand(sums[c]) for c in COMPONENTS if c in sums}
 
 
 __all__ = ["Term", "tensor", "group", "linear", "norm", "embedding", "attention", "ffn", "moe", "decoder_layers", "head", "breakdown", "leaves", "COMPONENTS", "EMBEDDINGS"]
