@@ -14,7 +14,7 @@ from symparam.components import EMBEDDINGS, Term, breakdown
 from symparam.config import Resolved, as_subs, read_config, read_preset, resolve
 from symparam.errors import SymparamError
 from symparam.recipes import REGISTRY, Recipe
-from symparam.symbols import SYMBOLS, latex
+from symparam.symbols import SYMBOLS, evaluate, latex
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,7 @@ class Model:
         subs = self.substitution(values)
 
         def exact(expr: sp.Expr) -> int:
-            result = sp.sympify(expr).xreplace(subs)
-            if not result.is_Integer:
-                raise SymparamError(f"{self.name}: {expr} is not a whole number at these values")
-            return int(result)
+            return evaluate(expr, subs, f"{self.name}: {expr}")
 
         return Count(
             total=exact(self.total),

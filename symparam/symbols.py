@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import ast
 import operator
+from collections.abc import Mapping
+from typing import Any
 
 import sympy as sp
 
@@ -93,9 +95,18 @@ def parse(formula: str) -> sp.Expr:
     return walk(tree.body)
 
 
+def evaluate(expr: sp.Expr, values: Mapping[Any, int], what: str = "") -> int:
+    """`expr` at `values` (keyed by symbol or name) as an exact int; a fraction is a SymparamError."""
+    subs = {symbol(str(key)): sp.Integer(v) for key, v in values.items()}
+    result = sp.sympify(expr).xreplace(subs)
+    if not result.is_Integer:
+        raise SymparamError(f"{what or expr}: {result} is not a whole number at these values")
+    return int(result)
+
+
 def latex(expr: sp.Expr) -> str:
     """LaTeX for an expression with the vocabulary's names (d_{ff}, h_{kv}, ...)."""
     return sp.latex(expr, symbol_names=LATEX_NAMES)
 
 
-__all__ = ["TABLE", "BY_NAME", "SYMBOLS", "SymbolDef", "symbol", "parse", "latex"] + list(SYMBOLS)
+__all__ = ["TABLE", "BY_NAME", "SYMBOLS", "SymbolDef", "symbol", "parse", "evaluate", "latex"] + list(SYMBOLS)
