@@ -275,8 +275,8 @@ def cmd_derive(args: argparse.Namespace) -> str:
     from symparam.docs import write_atomic
     from symparam.render import render
 
-    raw, recipe, _ = source(args)
-    model = Model(recipe) if not (raw or args.sets) else model_from(args)  # no values: purely symbolic
+    given_values = args.model or args.config or args.sets
+    model = model_from(args) if given_values else Model(source(args)[1])  # no values: purely symbolic
     text = render(derive(model), args.format, args.lang, args.fragment)
     if not args.output:
         return text.rstrip("\n")

@@ -11,6 +11,7 @@ from typing import Any
 
 import sympy as sp
 
+from symparam.components import Term
 from symparam.errors import SymparamError
 from symparam.recipes import REGISTRY, Recipe, truthy
 from symparam.symbols import BY_NAME, SYMBOLS, parse
@@ -66,13 +67,19 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
     """Flags and exact symbol values for `raw` (a config dict), read against its family's recipe."""
     if not isinstance(raw, dict):
         raise SymparamError(f"config: expected a JSON object, got {type(raw).__name__}")
-    recipe = recipe or REGISTRY.for_model_type(raw.get("model_type"))
+    if recipe is None:
+        recipe = REGISTRY.for_model_type(raw.get("model_type"))
+    elif "model_type" in raw and raw["model_type"] not in recipe.model_types:
+        raise SymparamError(f"model_type: {raw['model_type']!r} is not a {recipe.family} config (that recipe reads {', '.join(recipe.model_types)})")
     config = {**recipe.defaults, **raw}
     flags = {flag: truthy(config.get(key), key, recipe.defaults.get(key)) for flag, key in recipe.flag_keys().items()}
-    needed = {str(s) for s in recipe.build(flags).expr.free_symbols}
+    tree = recipe.build(flags)
+    needed = {str(s) for s in tree.expr.free_symbols | tree.active.free_symbols}
     if recipe.options["attention"]["kind"] == "mha":
         needed |= {"h", "h_d"}  # d x d attention: transformers still splits d into h heads of h_d
     values = _values(config, needed, dict(overrides or {}), recipe)
+    _consistency(values, needed | set(overrides or {}))
+    _whole_shapes(tree, values)
     return Resolved(recipe, flags, values, name or str(raw.get("_name_or_path", recipe.family)))
 
 
@@ -93,7 +100,6 @@ def _values(config: dict[str, Any], needed: set[str], overrides: dict[str, int],
     for symbol in sorted(needed):
         if symbol not in values:
             values[symbol] = _fallback(symbol, values)
-    _consistency(values)
     return values
 
 
@@ -153,14 +159,26 @@ def _sliding_layers(rule: dict[str, Any], config: dict[str, Any], values: dict[s
     return len(range(first, values["N"], step))
 
 
-def _consistency(values: dict[str, int]) -> None:
-    """Relations between values that transformers needs (some of which it does not check itself)."""
-    if "h" in values and "h_kv" in values and values["h"] % values["h_kv"]:
+def _consistency(values: dict[str, int], used: set[str]) -> None:
+    """Relations between the values the model uses that transformers needs (some of which it does not check itself)."""
+    if {"h", "h_kv"} <= used and values["h"] % values["h_kv"]:
         raise SymparamError(f"num_key_value_heads: {values['h_kv']} does not divide num_attention_heads {values['h']}")
-    if "n" in values and "k" in values and values["k"] > values["n"]:
+    if {"n", "k"} <= used and values["k"] > values["n"]:
         raise SymparamError(f"num_experts_per_tok: {values['k']} is more than the {values['n']} experts")
-    if "N" in values and values.get("N_dense", 0) > values["N"]:
+    if {"N", "N_dense"} <= used and values["N_dense"] > values["N"]:
         raise SymparamError(f"N_dense: {values['N_dense']} dense layers is more than the {values['N']} layers")
+
+
+def _whole_shapes(term: Term, values: dict[str, int], path: str = "") -> None:
+    """Every tensor dimension must be a whole number at these values (d*h_kv/h with h not dividing d is not)."""
+    path = f"{path}.{term.key}" if path else term.key
+    for dim in term.shape:
+        size = dim.xreplace({SYMBOLS[name]: sp.Integer(v) for name, v in values.items()})
+        if not size.is_Integer:
+            used = ", ".join(f"{s}={values[str(s)]}" for s in sorted(dim.free_symbols, key=str))
+            raise SymparamError(f"{path}: its size {dim} is {size} at {used}, not a whole number")
+    for child in term.children:
+        _whole_shapes(child, values, path)
 
 
 def as_subs(values: Mapping[str, int]) -> dict[sp.Symbol, sp.Integer]:

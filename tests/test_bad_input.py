@@ -12,6 +12,8 @@ from symparam.errors import SymparamError
 from symparam.model import Model
 
 LLAMA = read_preset("llama-2-7b")
+OLMOE = {"model_type": "olmoe", "vocab_size": 10, "hidden_size": 64, "intermediate_size": 8, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 1, "num_experts": 2, "num_experts_per_tok": 1}
 QWEN3_MOE = read_preset("qwen3-235b-a22b")
 
 
@@ -59,6 +61,8 @@ def without(base, key):
         (with_(QWEN3_MOE, decoder_sparse_step=0), "decoder_sparse_step"),
         (with_(QWEN3_MOE, mlp_only_layers="0,1"), "mlp_only_layers"),
         ('{"model_type": "llama", "hidden_size": NaN}', "NaN"),
+        # OLMoE sizes k_norm by hidden_size // heads: 70 // 4 would silently floor, so we refuse it
+        (with_(OLMOE, hidden_size=70, head_dim=16), "k_norm"),
     ],
 )
 def test_bad_config_names_the_field(capsys, tmp_path, text, names):
@@ -77,6 +81,8 @@ def test_bad_config_names_the_field(capsys, tmp_path, text, names):
         (["count", "--arch", "llama", "--set", "d=4096"], "num_hidden_layers"),
         (["count", "--recipe", "/no/such/recipe.toml"], "/no/such/recipe.toml"),
         (["count"], "--model"),
+        (["count", "--model", "gpt2", "--arch", "llama"], "model_type: 'gpt2' is not a llama config"),
+        (["derive", "--model", "nope", "--markdown"], "nope"),
     ],
 )
 def test_bad_arguments_name_the_problem(capsys, argv, names):
@@ -84,6 +90,14 @@ def test_bad_arguments_name_the_problem(capsys, argv, names):
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert names in err and err.count("\n") == 1
+
+
+def test_derive_of_an_empty_config_names_the_missing_model_type(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+    code = main(["derive", "--config", str(path), "--markdown"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and "model_type" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(
