@@ -10,7 +10,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import sympy as sp
 
 from symparam import components as c
 from symparam.errors import SymparamError
