@@ -10,7 +10,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-
 from symparam import components as c
 from symparam.errors import SymparamError
 from symparam.symbols import BY_NAME, N, N_dense, parse
