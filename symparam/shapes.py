@@ -10,7 +10,7 @@ import sympy as sp
 from symparam.config import as_subs
 from symparam.errors import SymparamError
 from symparam.model import Model
-from symparam.symbols import N, N_dense, S, V, d, d_nope, d_rope, d_v, h, h_d, h_kv, k, n, parse, r_kv, r_q
+from symparam.symbols import S, V, d, d_nope, d_rope, d_v, evaluate, h, h_d, h_kv, k, n, r_kv, r_q
 
 
 @dataclass(frozen=True)
@@ -63,54 +63,38 @@ def ffn_steps(kind: str, size: sp.Expr, fused: bool, prefix: str = "ffn") -> lis
 
 def moe_steps(opts: dict[str, Any]) -> list[tuple[str, tuple, str]]:
     """A mixture of experts: router logits, the k chosen experts, expert inner activations, shared experts."""
-    size = parse(opts["size"])
-    pairs = [(name, (S * k, shape[1]), f"{note}; the S*k token-expert pairs, each expert seeing its share") for name, shape, note in ffn_steps(opts["kind"], size, False, "expert")[:-1]]
+    pairs = [(name, (S * k, shape[1]), f"{note}; the S*k token-expert pairs, each expert seeing its share") for name, shape, note in ffn_steps(opts["kind"], opts["size"], False, "expert")[:-1]]
     steps = [("router logits", (S, n), "router: one logit per expert"), ("top-k experts", (S, k), "the k experts each token visits (indices and weights)"), *pairs]
-    if opts["shared"]:
-        steps += ffn_steps(opts["kind"], parse(opts["shared"]), False, "shared expert")[-2:-1]
+    if opts["shared"] is not None:
+        steps += ffn_steps(opts["kind"], opts["shared"], False, "shared expert")[-2:-1]
     return steps + [("moe output", (S, d), "weighted sum of the k experts' outputs (plus the shared experts)")]
 
 
 def trace(model: Model) -> list[Step]:
     """Every tensor shape of one forward pass, symbolic; layers of one kind listed once with their count."""
-    opts = model.recipe.options
+    opts = model.recipe.resolved(model.flags)  # flags resolved and formulas parsed, as the parameter count sees them
     steps = [Step("token ids", (S,), "one integer per token"), Step("input embedding", (S, d), "rows of the [V, d] table")]
-    if option(model, "embedding", "positions"):
+    if opts["embedding"]["positions"]:
         steps += [Step("position embedding", (S, d), "rows 0..S-1 of the [P, d] table"), Step("hidden", (S, d), "token + position")]
-    kinds = [("dense", N_dense if model.recipe.has_moe else N)] if model.recipe.has_dense else []
-    kinds += [("moe", N - N_dense if model.recipe.has_dense else N)] if model.recipe.has_moe else []
-    for kind, count in kinds:
-        prefix = "layer" if len(kinds) == 1 else f"{kind} layer"
-        ffn = ffn_steps(opts["ffn"]["kind"], parse(opts["ffn"]["size"]), option(model, "ffn", "fused")) if kind == "dense" else moe_steps(opts["moe"])
-        inner = [("attention norm", (S, d), "norm before attention")] + attention_steps(_attention_options(model)) + [("ffn norm", (S, d), "norm before the feed-forward")] + ffn
+    groups = model.recipe.layer_groups()
+    for kind, count in groups:
+        prefix = "layer" if len(groups) == 1 else f"{kind} layer"
+        ffn = ffn_steps(opts["ffn"]["kind"], opts["ffn"]["size"], opts["ffn"]["fused"]) if kind == "dense" else moe_steps(opts["moe"])
+        inner = [("attention norm", (S, d), "norm before attention")] + attention_steps(opts["attention"]) + [("ffn norm", (S, d), "norm before the feed-forward")] + ffn
         steps += [Step(f"{prefix}.{name}", tuple(sp.sympify(x) for x in shape), note, count) for name, shape, note in inner]
-    if option(model, "norm", "final"):
+    if opts["norm"]["final"]:
         steps.append(Step("final norm", (S, d), "norm after the last layer"))
     return steps + [Step("logits", (S, V), "LM head: one score per vocabulary entry per position"), Step("next-token logits", (V,), "the last position's row")]
-
-
-def option(model: Model, section: str, name: str) -> Any:
-    """A recipe option with a switch resolved: a config key's flag, or the literal value."""
-    value = model.recipe.options[section][name]
-    return model.flags.get(f"{section}.{name}", False) if isinstance(value, str) and f"{section}.{name}" in model.recipe.flag_keys() else value
-
-
-def _attention_options(model: Model) -> dict[str, Any]:
-    """The attention options with their switches (fused, q_lora) resolved."""
-    return {name: option(model, "attention", name) for name in model.recipe.options["attention"]}
 
 
 def report(model: Model, seq: int) -> list[dict[str, Any]]:
     """The trace with numbers: each step's name, shape, symbolic shape, layer count and note."""
     if type(seq) is not int or seq < 1:
         raise SymparamError(f"--seq: expected a positive integer, got {seq!r}")
-    subs = {**model.substitution(), **as_subs(model.values or {}), S: sp.Integer(seq)}
+    values = {**model.substitution(), **as_subs(model.values or {}), S: sp.Integer(seq)}
 
     def number(x: sp.Expr) -> int:
-        value = sp.sympify(x).xreplace(subs)
-        if not value.is_Integer:
-            raise SymparamError(f"{model.name}: no value for {', '.join(map(str, value.free_symbols))}")
-        return int(value)
+        return evaluate(x, values, f"{model.name}: {x}")
 
     return [
         {"name": s.name, "shape": [number(x) for x in s.shape], "symbolic": [str(x) for x in s.shape], "layers": None if s.layers is None else number(s.layers), "note": s.note}

@@ -10,6 +10,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import sympy as sp
+
 from symparam import components as c
 from symparam.errors import SymparamError
 from symparam.symbols import BY_NAME, N, N_dense, parse
@@ -90,12 +92,11 @@ class Recipe:
     def has_dense(self) -> bool:
         return not self.has_moe or self.options["moe"]["layers"] != "all"
 
-    def build(self, flags: dict[str, bool] | None = None) -> c.Term:
-        """The model tree with every flag resolved (defaults where `flags` is silent)."""
+    def resolved(self, flags: dict[str, bool] | None = None) -> dict[str, dict[str, Any]]:
+        """Every option with its flag resolved (defaults where `flags` is silent) and formulas parsed."""
         flags = {**self.default_flags(), **(flags or {})}
 
-        def opt(section: str, name: str) -> Any:
-            value = self.options[section][name]
+        def opt(section: str, name: str, value: Any) -> Any:
             kind = SCHEMA[section][name][0]
             if kind == FLAG and isinstance(value, str):
                 return flags[f"{section}.{name}"]
@@ -103,20 +104,28 @@ class Recipe:
                 return parse(value)
             return value
 
-        def section(name: str) -> dict[str, Any]:
-            return {o: opt(name, o) for o in self.options[name]}
+        return {sec: {name: opt(sec, name, value) for name, value in opts.items()} for sec, opts in self.options.items()}
 
-        emb, norms, attn = section("embedding"), section("norm"), section("attention")
-        attention = c.attention(**attn)
-        dense_count, moe_count = (N_dense, N - N_dense) if self.has_dense and self.has_moe else (N, N)
+    def layer_groups(self) -> list[tuple[str, sp.Expr]]:
+        """The decoder layer kinds, ("dense", count) and/or ("moe", count), in order: dense layers come first."""
+        if self.has_dense and self.has_moe:
+            return [("dense", N_dense), ("moe", N - N_dense)]
+        return [("moe" if self.has_moe else "dense", N)]
+
+    def build(self, flags: dict[str, bool] | None = None) -> c.Term:
+        """The model tree with every flag resolved (defaults where `flags` is silent)."""
+        opts = self.resolved(flags)
+        norms = opts["norm"]
+        attention = c.attention(**opts["attention"])
         layers = []
-        if self.has_dense:
-            layers.append(c.decoder_layers("layers", "dense decoder layer", dense_count, norms["kind"], norms["per_layer"], attention, c.ffn(**section("ffn"))))
-        if self.has_moe:
-            experts = {name: value for name, value in section("moe").items() if name != "layers"}
-            layers.append(c.decoder_layers("layers", "MoE decoder layer", moe_count, norms["kind"], norms["per_layer"], attention, c.moe(**experts)))
+        for kind, count in self.layer_groups():
+            if kind == "dense":
+                layers.append(c.decoder_layers("layers", "dense decoder layer", count, norms["kind"], norms["per_layer"], attention, c.ffn(**opts["ffn"])))
+            else:
+                experts = {name: value for name, value in opts["moe"].items() if name != "layers"}
+                layers.append(c.decoder_layers("layers", "MoE decoder layer", count, norms["kind"], norms["per_layer"], attention, c.moe(**experts)))
         final = norms["kind"] if norms["final"] else None
-        return c.group("model", self.title, [*c.embedding(emb["positions"]), *layers, *c.head(section("lm_head")["tied"], final)])
+        return c.group("model", self.title, [*c.embedding(opts["embedding"]["positions"]), *layers, *c.head(opts["lm_head"]["tied"], final)])
 
 
 def truthy(value: Any, key: str, default: Any = None) -> bool:
