@@ -7,9 +7,9 @@ from typing import Any
 import sympy as sp
 
 from symparam.components import EMBEDDINGS, leaves
-from symparam.memory import attended, substitution
+from symparam.context import attended, substitution
 from symparam.model import Model
-from symparam.symbols import S, d_nope, d_rope, d_v, h, h_d
+from symparam.symbols import S, d_nope, d_rope, d_v, evaluate, h, h_d
 
 # Per layer and attended position: (query.key width, value width) summed over the heads, by attention kind.
 ATTENTION_WIDTHS: dict[str, tuple[sp.Expr, sp.Expr]] = {
@@ -41,8 +41,13 @@ def attention(model: Model) -> sp.Expr:
 
 
 def forward(model: Model) -> sp.Expr:
-    """Forward FLOPs for one token attending to S positions."""
+    """Forward FLOPs for one token attending to S positions: 2*M + A."""
     return 2 * matmul_parameters(model) + attention(model)
+
+
+def training(model: Model) -> sp.Expr:
+    """Training FLOPs for one token: forward and backward, TRAINING_FACTOR x forward."""
+    return TRAINING_FACTOR * forward(model)
 
 
 def report(model: Model, seq: int | None = None) -> dict[str, Any]:
@@ -51,10 +56,9 @@ def report(model: Model, seq: int | None = None) -> dict[str, Any]:
     seq = int(subs[S])
 
     def exact(expr: sp.Expr) -> int:
-        return int(sp.sympify(expr).xreplace(subs))
+        return evaluate(expr, subs, f"{model.name}: {expr}")
 
-    params, attn = exact(matmul_parameters(model)), exact(attention(model))
-    fwd = 2 * params + attn
+    params = exact(matmul_parameters(model))
     return {
         "name": model.name,
         "family": model.recipe.family,
@@ -62,9 +66,9 @@ def report(model: Model, seq: int | None = None) -> dict[str, Any]:
         "matmul_parameters": params,
         "matmul_parameters_all_experts": exact(matmul_parameters(model, active=False)),
         "matmul_flops": 2 * params,
-        "attention_flops": attn,
-        "forward_flops_per_token": fwd,
-        "training_flops_per_token": TRAINING_FACTOR * fwd,
+        "attention_flops": exact(attention(model)),
+        "forward_flops_per_token": exact(forward(model)),
+        "training_flops_per_token": exact(training(model)),
         "formulas": {
             "forward": "2*M + A",
             "M": str(matmul_parameters(model)),
@@ -92,4 +96,4 @@ def text(r: dict[str, Any]) -> str:
     return "\n".join(lines + ["convention: " + r["convention"]])
 
 
-__all__ = ["ATTENTION_WIDTHS", "matmul_parameters", "attention", "forward", "report", "text"]
+__all__ = ["ATTENTION_WIDTHS", "matmul_parameters", "attention", "forward", "training", "report", "text"]

@@ -7,10 +7,10 @@ from typing import Any
 
 import sympy as sp
 
-from symparam.config import as_subs
+from symparam.context import attended, slides, substitution
 from symparam.errors import SymparamError
 from symparam.model import Model
-from symparam.symbols import B, N, N_swa, S, W, b, d_rope, h, h_d, h_kv, r_kv
+from symparam.symbols import B, S, b, d_rope, evaluate, h, h_d, h_kv, r_kv
 
 
 @dataclass(frozen=True)
@@ -61,25 +61,18 @@ def dtype(name: str) -> DType:
     return DTYPES[name]
 
 
-def slides(model: Model) -> bool:
-    """Whether some layers of this model keep only a window: the recipe's rule, and the values if known."""
-    if model.recipe.options.get("cache", {}).get("sliding", "none") == "none":
-        return False
-    return model.values is None or model.values.get("N_swa", 0) > 0
-
-
-def attended(model: Model) -> sp.Expr:
-    """Cached (and attended) positions summed over the layers: S in full layers, at most W in sliding ones."""
-    return (N - N_swa) * S + N_swa * sp.Min(S, W) if slides(model) else N * S
-
-
 def kv_per_token(model: Model) -> sp.Expr:
     return KV_PER_TOKEN[model.recipe.options["attention"]["kind"]][0]
 
 
+def kv_values(model: Model) -> sp.Expr:
+    """Values the KV cache holds for B sequences of S tokens."""
+    return kv_per_token(model) * attended(model) * B
+
+
 def kv_cache(model: Model) -> sp.Expr:
     """KV cache bytes for B sequences of S tokens, b bytes per value."""
-    return kv_per_token(model) * attended(model) * B * b
+    return kv_values(model) * b
 
 
 def weights(model: Model) -> sp.Expr:
@@ -92,12 +85,9 @@ def training(model: Model) -> sp.Expr:
     return model.total * sum(n for _, n in TRAINING)
 
 
-def exact_bytes(expr: sp.Expr, subs: dict[sp.Symbol, Any]) -> int:
-    """A byte count as an int; half bytes (odd int4 counts) round up to a whole byte."""
-    value = sp.sympify(expr).xreplace(subs)
-    if not value.is_Rational:
-        raise SymparamError(f"cannot evaluate {expr} at these values (missing {', '.join(map(str, value.free_symbols))})")
-    return int(sp.ceiling(value))
+def whole_bytes(count: int, per_value: sp.Rational) -> int:
+    """Bytes for `count` stored values; half bytes (odd int4 counts) round up to a whole byte."""
+    return int(sp.ceiling(count * per_value))
 
 
 def sizes(n_bytes: int) -> dict[str, Any]:
@@ -109,29 +99,34 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
     """Every memory figure of a configured model, with its formula; `seq` defaults to the model's maximum context."""
     t = dtype(dtype_name)
     values = model.values or {}
-    subs = substitution(model, seq, batch) | {b: t.bytes}
+    subs = substitution(model, seq, batch)
     seq = int(subs[S])
     kind = model.recipe.options["attention"]["kind"]
+    parameters = model.count().total
+
+    def exact(expr: sp.Expr) -> int:
+        return evaluate(expr, subs, f"{model.name}: {expr}")
+
     kv = {
-        **sizes(exact_bytes(kv_cache(model), subs)),
+        **sizes(whole_bytes(exact(kv_values(model)), t.bytes)),
         "formula": str(kv_cache(model)),
-        "per_token_per_layer_values": int(kv_per_token(model).xreplace(subs)),
+        "per_token_per_layer_values": exact(kv_per_token(model)),
         "what": KV_PER_TOKEN[kind][1],
         "sliding_layers": values.get("N_swa", 0),
         "window": values.get("W") if slides(model) else None,
     }
     train = {
-        **sizes(exact_bytes(training(model), subs)),
+        **sizes(exact(training(model))),
         "convention": TRAINING_CONVENTION,
-        "parts": {name: sizes(exact_bytes(model.total * n, subs)) for name, n in TRAINING},
+        "parts": {name: sizes(parameters * n) for name, n in TRAINING},
     }
-    weight = {**sizes(exact_bytes(weights(model), subs)), "formula": "parameters*b", "note": t.note}
+    weight = {**sizes(whole_bytes(parameters, t.bytes)), "formula": "parameters*b", "note": t.note}
     return {
         "name": model.name,
         "family": model.recipe.family,
         "dtype": t.name,
         "bytes_per_value": str(t.bytes),
-        "parameters": model.count().total,
+        "parameters": parameters,
         "seq": seq,
         "batch": batch,
         "weights_bytes": weight["bytes"],
@@ -143,23 +138,6 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
         "units": "GB = 10^9 bytes, GiB = 2^30 bytes",
     }
 
-
-def substitution(model: Model, seq: int | None, batch: int = 1) -> dict[sp.Symbol, Any]:
-    """Every value of the model plus S (default: its maximum context), B, and the window where layers slide."""
-    values = model.values or {}
-    if seq is None:
-        if "P" not in values:
-            raise SymparamError("--seq: give the number of tokens (the config has no max_position_embeddings)")
-        seq = values["P"]
-    for option, given in (("--seq", seq), ("--batch", batch)):
-        if type(given) is not int or given < 1:
-            raise SymparamError(f"{option}: expected a positive integer, got {given!r}")
-    subs = {**model.substitution(), **as_subs(values), N_swa: sp.Integer(values.get("N_swa", 0)), S: sp.Integer(seq), B: sp.Integer(batch)}
-    if slides(model):
-        if "W" not in values:
-            raise SymparamError("sliding_window: missing (the window some layers attend within)")
-        subs[W] = sp.Integer(values["W"])
-    return subs
 
 def text(r: dict[str, Any]) -> str:
     """The report as a few labelled lines (bytes, GB = 10^9, GiB = 2^30), formulas included."""
@@ -183,4 +161,4 @@ def text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DTYPES", "KV_PER_TOKEN", "TRAINING", "attended", "kv_cache", "weights", "training", "report", "sizes", "substitution", "text"]
+__all__ = ["DTYPES", "KV_PER_TOKEN", "TRAINING", "kv_values", "kv_cache", "weights", "training", "report", "sizes", "whole_bytes", "text"]

@@ -58,8 +58,37 @@ def test_attention_term_by_hand():
     # GPT-2: 12 layers, 12 heads of 64; q.k and the weighted values, 2 FLOPs per multiply-add, 1024 positions
     r = report(load("gpt2"), seq=1024)
     assert r["attention_flops"] == 12 * (2 * 768 * 1024 + 2 * 768 * 1024)
-    assert r["forward_flops_per_token"] == 2 * r["matmul_parameters"] + r["attention_flops"]
-    assert r["training_flops_per_token"] == 3 * r["forward_flops_per_token"]
+
+
+COUNTED = {
+    "gpt2": dict(model_type="gpt2", vocab_size=61, n_embd=32, n_layer=2, n_head=4, n_positions=16),
+    "qwen3": dict(model_type="qwen3", vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=12),
+}
+
+
+@pytest.mark.parametrize("name", list(COUNTED))
+def test_forward_and_training_flops_against_torch_flop_counter(name):
+    """torch's FlopCounterMode counts the matmul FLOPs (2 per multiply-add) a real forward and backward pass of a tiny
+    random model executes. Eager attention scores a causal sequence of S tokens against all S positions (masked ones
+    too), so the pass does S tokens x the per-token figure at context S; its backward runs two matmuls per forward one
+    (gradients to the input and to the weight, to q and k, to the scores and v), which is where the 3x comes from.
+    Dense families only: no sliding window masks positions here, and no expert dispatch the counter cannot see."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config, seq = COUNTED[name], 7
+    cfg = AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    with FlopCounterMode(display=False) as forward:
+        logits = model(torch.arange(seq)[None]).logits
+    with FlopCounterMode(display=False) as backward:
+        logits.sum().backward()
+    r = report(load(config), seq=seq)
+    assert forward.get_total_flops() == seq * r["forward_flops_per_token"]
+    assert forward.get_total_flops() + backward.get_total_flops() == seq * r["training_flops_per_token"]
 
 
 def test_sliding_window_caps_the_attention_term():
