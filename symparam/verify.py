@@ -16,7 +16,7 @@ from sympy.printing.str import StrPrinter
 from symparam.components import Term
 from symparam.errors import SymparamError
 from symparam.model import Model
-from symparam.symbols import BY_NAME, SYMBOLS
+from symparam.symbols import BY_NAME, SYMBOLS, evaluate
 
 # Bytes per stored element, by safetensors dtype; and config.json / --dtype names of those dtypes.
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
@@ -25,32 +25,28 @@ DTYPE_NAMES = {
     "float8_e4m3fn": "F8_E4M3", "fp8": "F8_E4M3", "int8": "I8", "float64": "F64",
 }
 
-PREFIXES = ("model.", "transformer.")  # wrappers in front of the module path; lm_head sits outside them
-LAYER = re.compile(r"^(?:layers|h)\.(\d+)\.")  # decoder layer containers: llama-style `layers`, gpt2's `h`
+# transformers' naming that every family shares; what one family names its own way is in its recipe's [names] tables.
+PREFIXES = ("model.", "transformer.")  # base-model wrappers in front of the module path; lm_head sits outside them
+LAYER = re.compile(r"^layers\.(\d+)\.")  # the decoder layer list, after the family's renames (GPT-2's `h.` is one)
 EXPERT = re.compile(r"\.experts\.(\d+)\.")  # one routed expert per tensor (Hub naming)
-PACKED = {"_blocks": 2}  # suffix -> parameters per stored element (MXFP4 blocks: two 4-bit values per byte)
 ORGANISATIONAL = ("norms", "expert")  # groups of the component tree that no checkpoint name has
 
-# Renames every family shares (regex on the normalised name -> replacement); a family adds its own in [names.rename].
+# Quantisation formats that pack several parameters into one stored element, whatever the family: tensor-name suffix ->
+# (format, parameters per stored element). Their scales are quantisation state, in COMMON_NOT_PARAMETERS.
+PACKED_FORMATS = {"_blocks": ("MXFP4", 2)}  # two 4-bit values per byte
+
+# Renames every family shares (regex -> replacement), applied before the family's own [names.rename], on the name with
+# prefixes, packed-format suffixes and expert indices removed (layer indices still in: `layers.3.`).
 # "{a,b}" in a replacement: one stored tensor holds both (fused experts in transformers 5).
 COMMON_RENAME = {
-    r"\.block_sparse_moe\.": ".mlp.",  # Mixtral Hub naming
-    r"\.experts\.w1\.": ".experts.gate_proj.",
-    r"\.experts\.w3\.": ".experts.up_proj.",
-    r"\.experts\.w2\.": ".experts.down_proj.",
     r"\.input_layernorm\.": ".norm_0.",
     r"\.post_attention_layernorm\.": ".norm_1.",
-    r"^wte\.": "embed_tokens.",
-    r"^ln_f\.": "norm.",
     r"\.experts\.gate_up_proj$": ".experts.{gate_proj,up_proj}.weight",
-    r"\.experts\.gate_up_proj_bias$": ".experts.{gate_proj,up_proj}.bias",
     r"\.experts\.down_proj$": ".experts.down_proj.weight",
-    r"\.experts\.down_proj_bias$": ".experts.down_proj.bias",
 }
 # Stored tensors that are not parameters (regex on the stored name -> why); a family adds its own in [names.not_parameters].
 COMMON_NOT_PARAMETERS = {
     r"rotary_emb\.(original_)?inv_freq$": "rotary inv_freq buffer, recomputed at load",
-    r"e_score_correction_bias$": "router score-correction bias, a buffer in transformers",
     r"(weight_scale_inv|weight_scale|input_scale|_scales|\.absmax|\.quant_map|\.nested_absmax|\.nested_quant_map|\.SCB)$": "quantisation scale",
     r"\.quant_state\.": "quantisation state",
 }
@@ -69,14 +65,14 @@ class Stored:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    file: str
 
     @property
     def numel(self) -> int:
+        """Parameters the tensor holds: its elements, times the packing of a quantisation format."""
         count = 1
         for dim in self.shape:
             count *= dim
-        return count * next((f for suffix, f in PACKED.items() if self.name.endswith(suffix)), 1)
+        return count * next((per for suffix, (_, per) in PACKED_FORMATS.items() if self.name.endswith(suffix)), 1)
 
 
 @dataclass
@@ -148,7 +144,7 @@ def tensors(path: Path) -> list[Stored]:
         shape = info.get("shape") if isinstance(info, dict) else None
         if not isinstance(shape, list) or not all(type(x) is int and x >= 0 for x in shape) or not isinstance(info.get("dtype"), str):
             raise SymparamError(f"{path}: tensor {name!r} has no valid dtype and shape in the header")
-        out.append(Stored(name, info["dtype"], tuple(shape), path.name))
+        out.append(Stored(name, info["dtype"], tuple(shape)))
     return out
 
 
@@ -222,23 +218,32 @@ def expected_tensors(tree: Term) -> dict[str, Expected]:
 # --- the checkpoint side ---------------------------------------------------------------------------------------
 
 
-def not_parameter(name: str, rules: dict[str, str]) -> str | None:
-    """Why a stored tensor is not a parameter, or None."""
-    return next((why for pattern, why in rules.items() if re.search(pattern, name)), None)
+def name_tables(model: Model) -> tuple[dict[str, str], dict[str, str]]:
+    """(renames, not-parameter rules): the shared ones, then the family's [names.rename] / [names.not_parameters]."""
+    names = model.recipe.names
+    return {**COMMON_RENAME, **names.get("rename", {})}, {**COMMON_NOT_PARAMETERS, **names.get("not_parameters", {})}
+
+
+def not_parameter(name: str, layer: int | None, rules: dict[str, str], layers: int | None) -> str | None:
+    """Why a stored tensor is not a parameter (a rule, or a layer past num_hidden_layers), or None."""
+    why = next((why for pattern, why in rules.items() if re.search(pattern, name)), None)
+    if why is None and layer is not None and layers is not None and layer >= layers:
+        why = f"layer {layer} is beyond num_hidden_layers = {layers} (a multi-token-prediction layer)"
+    return why
 
 
 def normalise(name: str, renames: dict[str, str]) -> tuple[int | None, list[str]]:
     """(layer index or None, canonical names) for a stored name: prefixes, indices and family spellings removed."""
     while name.startswith(PREFIXES):
         name = name.split(".", 1)[1]
-    layer = LAYER.match(name)
-    if layer:
-        name = "layers." + name[layer.end():]
-    for suffix in PACKED:
+    for suffix in PACKED_FORMATS:
         name = name.removesuffix(suffix)
     name = EXPERT.sub(".experts.", name)
     for pattern, replacement in renames.items():
         name = re.sub(pattern, replacement, name)
+    layer = LAYER.match(name)
+    if layer:
+        name = "layers." + name[layer.end():]
     fused = re.search(r"\{([^}]*)\}", name)
     names = [name[: fused.start()] + part + name[fused.end():] for part in fused.group(1).split(",")] if fused else [name]
     return (int(layer.group(1)) if layer else None), names
@@ -267,13 +272,6 @@ def with_values(expr: sp.Expr, values: dict[str, int]) -> str:
     return _Values(values).doprint(expr)
 
 
-def evaluate(expr: sp.Expr, values: dict[str, int]) -> int:
-    result = sp.sympify(expr).xreplace({SYMBOLS[k]: sp.Integer(v) for k, v in values.items() if k in SYMBOLS})
-    if not result.is_Integer:
-        raise SymparamError(f"{expr} is not a whole number at these values")
-    return int(result)
-
-
 def fits(expr: sp.Expr, target: int, values: dict[str, int]) -> list[tuple[str, int]]:
     """(symbol, value) pairs, one symbol changed, that make `expr` equal `target`: what the checkpoint's shape says."""
     out = []
@@ -295,7 +293,7 @@ def explain(symbol: str, value: int, values: dict[str, int]) -> str:
     return f"{base}: {named}" if named else base
 
 
-def per_copy(expr: sp.Expr, copies: sp.Expr) -> str:
+def per_copy(copies: sp.Expr) -> str:
     """Words for one copy of a multiplicity: " per layer", " per expert per layer", or ""."""
     names = {str(s) for s in copies.free_symbols}
     words = [w for s, w in COPIES if s in names]
@@ -362,7 +360,7 @@ def describe(unit: Unit, model_tensors: dict[str, Expected], expected: int, foun
         formula = sp.Add(*(p.expr for p in parts))
         said = f"expected {formula} = {expected:,}"
     else:
-        each = per_copy(per_copy_expr, copies)
+        each = per_copy(copies)
         said = f"expected {per_copy_expr} = {with_values(per_copy_expr, values)}{each} (x{evaluate(copies, values):,})"
     if not found:
         flag = SWITCHES.get(label)
@@ -374,7 +372,7 @@ def describe(unit: Unit, model_tensors: dict[str, Expected], expected: int, foun
     symbol, value = fit
     trial = {**values, symbol: value}
     if copies is not None and SYMBOLS[symbol] in per_copy_expr.free_symbols:
-        got = f"found {with_values(per_copy_expr, trial)}{per_copy(per_copy_expr, copies)}"
+        got = f"found {with_values(per_copy_expr, trial)}{per_copy(copies)}"
     else:
         got = f"found {found:,}"
     return f"{label} ({bucket}): {said}, {got}{where}: {explain(symbol, value, values)}"
@@ -391,16 +389,13 @@ def _switch_hint(model: Model, label: str) -> str:
 def compare(model: Model, stored: list[Stored], source: str) -> Report:
     """Expected tensors of `model` against the stored tensors, grouped into components."""
     values = model.values or {}
-    rules = {**COMMON_NOT_PARAMETERS, **model.recipe.names.get("not_parameters", {})}
-    renames = {**COMMON_RENAME, **model.recipe.names.get("rename", {})}
+    renames, rules = name_tables(model)
     layers = values.get("N")
     model_tensors = expected_tensors(model.tree)
     skipped, params, seen_layers = [], [], set()
     for t in stored:
-        why = not_parameter(t.name, rules)
         layer, names = normalise(t.name, renames)
-        if why is None and layer is not None and layers is not None and layer >= layers:
-            why = f"layer {layer} is beyond num_hidden_layers = {layers} (a multi-token-prediction layer)"
+        why = not_parameter(t.name, layer, rules, layers)
         if why:
             skipped.append({"tensor": t.name, "shape": str(list(t.shape)), "dtype": t.dtype, "reason": why})
             continue
@@ -437,12 +432,12 @@ def compare_index(model: Model, index_path: Path, dtype: str) -> Report:
     if code not in DTYPE_BYTES:
         raise SymparamError(f"--dtype: unknown {dtype!r}; known: {', '.join(DTYPE_NAMES)}")
     width, total = DTYPE_BYTES[code], model.count().total
-    rules = {**COMMON_NOT_PARAMETERS, **model.recipe.names.get("not_parameters", {})}
+    renames, rules = name_tables(model)
     layers = (model.values or {}).get("N")
     skipped = []
     for name in index["weight_map"]:
-        layer, _ = normalise(name, {})
-        why = not_parameter(name, rules) or (f"layer {layer} is beyond num_hidden_layers = {layers} (a multi-token-prediction layer)" if layer is not None and layers is not None and layer >= layers else None)
+        layer, _ = normalise(name, renames)
+        why = not_parameter(name, layer, rules, layers)
         if why:
             skipped.append({"tensor": name, "shape": "?", "dtype": "?", "reason": why})
     expected = total * width
@@ -453,11 +448,25 @@ def compare_index(model: Model, index_path: Path, dtype: str) -> Report:
         words = f"total_size: expected {total:,} parameters x {width} bytes ({dtype}) = {expected:,} bytes, found {size:,} bytes ({implied:,.0f} parameters at {width} bytes, {'+' if gap > 0 else ''}{gap:,} bytes)"
         if skipped:
             words += f"; total_size includes {len(skipped)} stored tensors that are not parameters (listed), read the shards for an exact comparison"
-        elif size % total == 0 or abs(size / total - round(size / total)) > 0.05:
-            words += f"; that is {size / total:.3f} bytes per parameter: is the checkpoint in another dtype? pass --dtype"
+        else:
+            words += other_dtype(size / total, width) if total else ""
         mismatches.append(words)
     notes = [f"only the index was read: {len(index['weight_map'])} tensors named, no shapes; total_size compared at {width} bytes per parameter ({dtype})"]
     return Report(str(index_path), expected, size, not mismatches, mismatches, {}, skipped, notes, unit="bytes")
+
+
+# How close bytes per parameter must come to a whole width to read as another dtype: scales, buffers and a few
+# parameters more or less move the ratio a little (DeepSeek-V3's fp8 block scales add 0.02%), never by 5%.
+WHOLE_WIDTH = 0.05
+
+
+def other_dtype(ratio: float, width: int) -> str:
+    """A hint when total_size / parameters is (nearly) the whole width of a dtype other than the one assumed."""
+    nearest = round(ratio)
+    names = [name for name, code in DTYPE_NAMES.items() if DTYPE_BYTES[code] == nearest]
+    if nearest == width or not names or abs(ratio - nearest) > WHOLE_WIDTH:
+        return ""
+    return f"; that is {ratio:.3f} bytes per parameter, the width of {', '.join(names)}: is the checkpoint in another dtype? pass --dtype"
 
 
 def _ranges(indices: list[int]) -> str:

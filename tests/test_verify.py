@@ -198,3 +198,42 @@ def test_bad_checkpoint_is_one_line_exit_2(tmp_path, capsys, content):
 def test_missing_checkpoint_exit_2(tmp_path, capsys):
     code, out = run(capsys, "verify", "--model", "qwen3-8b", "--checkpoint", str(tmp_path / "nope"))
     assert code == 2 and "no such file" in out
+
+
+@pytest.mark.parametrize("size, hint", [
+    (lambda total: 4 * total, "float32, fp32"),  # an fp32 checkpoint read as bf16: exactly 4 bytes per parameter
+    (lambda total: 4 * total + 4096, "float32, fp32"),  # and with a few buffers stored besides
+    (lambda total: 1 * total, "float8_e4m3fn, fp8, int8"),
+    (lambda total: 2 * total + 8192, None),  # bf16 with 4,096 parameters more: a count mismatch, not a dtype
+    (lambda total: 5 * total // 2, None),  # 2.5 bytes per parameter is no dtype's width
+])
+def test_index_only_dtype_hint(tmp_path, size, hint):
+    model = load("qwen3-8b")
+    path = tmp_path / "model.safetensors.index.json"
+    path.write_text(json.dumps({"metadata": {"total_size": size(model.count().total)}, "weight_map": {"model.embed_tokens.weight": "a.safetensors"}}))
+    report = verify(model, path)  # bf16 assumed
+    assert not report.match and len(report.mismatches) == 1
+    if hint:
+        assert f"the width of {hint}: is the checkpoint in another dtype? pass --dtype" in report.mismatches[0]
+    else:
+        assert "another dtype" not in report.mismatches[0]
+
+
+def test_a_new_family_is_one_recipe(tmp_path):
+    """Layer list, embedding and final-norm names come from the recipe's [names] tables, not from verify's code: a
+    checkpoint that calls GPT-2's layer list `blocks` matches a copy of the recipe that says so, and not the shipped one."""
+    from importlib import resources
+
+    from symparam.recipes import load_recipe
+
+    config = save_tiny("gpt2", tmp_path)
+    header = read_header(tmp_path / "model.safetensors")
+    renamed = tmp_path / "renamed" / "model.safetensors"
+    renamed.parent.mkdir()
+    write_safetensors(renamed, {name.replace(".h.", ".blocks."): (info["dtype"], info["shape"]) for name, info in header.items() if name != "__metadata__"})
+    shipped = resources.files("symparam.recipes").joinpath("gpt2.toml").read_text()
+    assert "'^h\\.' = " in shipped
+    (tmp_path / "blocks.toml").write_text(shipped.replace("'^h\\.' = ", "'^blocks\\.' = ").replace('family = "gpt2"', 'family = "gpt2_blocks"'))
+    report = verify(load(config, recipe=load_recipe(tmp_path / "blocks.toml")), renamed)
+    assert report.match, report.mismatches
+    assert not verify(load(config), renamed).match
