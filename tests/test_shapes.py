@@ -133,3 +133,16 @@ def test_cli_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert all({"name", "shape"} <= set(step) for step in data["steps"])
     assert {"name": "layer.k", "shape": [3, 8, 128]}.items() <= next(s for s in data["steps"] if s["name"] == "layer.k").items()
+
+
+def test_trace_reads_the_flags_the_count_reads():
+    # the same Recipe.resolved() builds the parameter tree and the trace: a switch turned off by the config is off in both
+    config = {**CASES["deepseek_v3"], "q_lora_rank": None}
+    model = load(config)
+    names = [s["name"] for s in report(model, 3)]
+    assert not any(name.endswith("q latent") for name in names)
+    assert "r_q" not in {str(x) for x in model.total.free_symbols}  # and the count has no query latent either
+    classic = load({"model_type": "classic", "vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "learned_positions": True, "max_position_embeddings": 16})
+    assert "position embedding" in [s["name"] for s in report(classic, 3)]
+    assert "final norm" not in [s["name"] for s in report(classic, 3)]  # classic's final_norm defaults to false
