@@ -245,11 +245,7 @@ def cmd_sweep(args: argparse.Namespace) -> str:
         raise SymparamError("give one of --csv FILE and --grid SYMBOL=SPEC ...")
     specs = dict(item.partition("=")[::2] for item in args.grid)
     columns = whatif.read_csv(args.csv) if args.csv else whatif.grid(specs)
-    first = {name: int(col[0]) for name, col in columns.items() if len(col)}
-    args.sets = args.sets + [f"{k}={v}" for k, v in first.items()]  # the first row lets the config resolve
-    raw, model = raw_config(args), model_from(args)
-    formulas = whatif.derived(model.recipe, raw, {k: v for k, v in parse_sets(args.sets).items() if k not in first})
-    results = whatif.sweep(model, columns, formulas, args.on_overflow)
+    results = whatif.sweep_config(recipe_of(args), raw_config(args), columns, parse_sets(args.sets), args.on_overflow)  # each row as `count --set` it
     if args.json:
         return json.dumps({**{k: [int(x) for x in v] for k, v in columns.items()}, **{k: [int(x) for x in v] for k, v in results.items()}})
     out = whatif.csv_text(columns, results)

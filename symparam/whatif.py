@@ -5,17 +5,18 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import sympy as sp
 
-from symparam.config import resolve
+from symparam.config import MAY_BE_ZERO, resolve
 from symparam.errors import SymparamError
 from symparam.model import Model
 from symparam.recipes import Recipe
 from symparam.symbols import BY_NAME, SYMBOLS, TABLE, parse, symbol as lookup
+from symparam.symbols import evaluate as exactly
 
 # Divisibility a design must keep: (symbol, the symbol it must be a multiple of, why).
 CONSTRAINTS = (
@@ -24,15 +25,21 @@ CONSTRAINTS = (
 )
 INT64_MAX = 2**63 - 1
 MAX_STEPS = 100_000  # how far solve walks from a root to the nearest value meeting the constraints
+# Symbols config.resolve sets by the family's layout rule rather than from a config key or formula, and the symbols
+# each rule reads (N_dense from N; N_swa from N and whether W is set): they change with those, not polynomially.
+RULES = {"N_dense": ("N",), "N_swa": ("N", "W")}
+
+__all__ = ["solve", "Solution", "sensitivity", "sensitivities", "Sensitivity", "sweep", "sweep_config", "compile_count", "evaluate",
+           "grid", "derived", "follow", "CONSTRAINTS"]
 
 
-def derived(recipe: Recipe, config: Mapping[str, Any] | None = None, sets: Mapping[str, int] | None = None) -> dict[str, sp.Expr]:
+def derived(recipe: Recipe, config: Mapping[str, Any] | None = None, sets: Mapping[str, Any] | None = None) -> dict[str, sp.Expr]:
     """Symbols the config leaves to their default formula (h_d = d/h, h_kv = h, d_ff = 4d): they follow their inputs."""
     merged, sets = {**recipe.defaults, **(config or {})}, sets or {}
     return {
         s.name: parse(s.fallback)
         for s in TABLE
-        if s.fallback and s.name not in sets and not any(merged.get(k) is not None for k in s.keys)
+        if s.fallback and s.name not in sets and not any(merged.get(k) is not None for k in recipe.config_keys(s.name))
     }
 
 
@@ -63,6 +70,12 @@ def meets(values: Mapping[str, int]) -> list[str]:
     ]
 
 
+def _ruled(recipe: Recipe, model: Model, values: Mapping[str, int], given: set[str], inputs: set[str]) -> list[str]:
+    """Symbols config.resolve sets by a layout rule reading any of `inputs`, that the counts use and nobody gave."""
+    used = {str(s) for s in model.symbols}
+    return [s for s, reads in RULES.items() if s in values and s in used and s not in given and set(reads) & inputs]
+
+
 # --- solve -----------------------------------------------------------------------------------------------------
 
 
@@ -75,9 +88,10 @@ class Solution:
     equation: sp.Expr  # total as a function of the symbol alone, the other values substituted
     general: sp.Expr  # the model's total in all symbols
     roots: list[float]  # real positive solutions of equation = target
-    candidates: list[tuple[int, int]]  # (value, exact total), nearest valid values on each side of each root
+    candidates: list[tuple[int, int]]  # (value, exact total): the closest allowed values and their allowed neighbours
     fixed: dict[str, int]  # the other symbols' values
     follows: dict[str, sp.Expr]  # derived symbols that move with the solved one
+    rules: dict[str, int] = field(default_factory=dict)  # symbols a layout rule sets from the solved one (N_dense), at the best value
 
     @property
     def best(self) -> tuple[int, int]:
@@ -88,12 +102,18 @@ class Solution:
             "symbol": self.symbol, "target": self.target, "equation": str(self.equation), "general": str(self.general),
             "roots": self.roots, "best": {"value": self.best[0], "total": self.best[1]},
             "candidates": [{"value": v, "total": t, "off": t - self.target} for v, t in self.candidates],
-            "fixed": self.fixed, "follows": {k: str(v) for k, v in self.follows.items()},
+            "fixed": self.fixed, "follows": {k: str(v) for k, v in self.follows.items()}, "rules": self.rules,
         }
 
 
 def solve(recipe: Recipe, symbol: str, target: int, config: Mapping[str, Any] | None = None, sets: Mapping[str, int] | None = None) -> Solution:
-    """Integer values of `symbol` whose exact total is closest to `target`, keeping CONSTRAINTS and the config's rules."""
+    """Integer values of `symbol` whose exact total is closest to `target`, keeping CONSTRAINTS and the config's rules.
+
+    Every candidate is counted by the ordinary path (config.resolve with the value set, then Model.count). The equation
+    gives the starting points; when a layout rule sets a symbol from the solved one (N_dense from N), the total is only
+    piecewise a polynomial, so the start comes from a search over exact counts instead. From each start, the search moves
+    to an allowed neighbour while that is strictly closer to the target.
+    """
     sym, config, sets = lookup(symbol), dict(config or {}), {k: v for k, v in (sets or {}).items() if k != symbol}
     if target <= 0:
         raise SymparamError(f"--target: expected a positive number of parameters, got {target}")
@@ -103,48 +123,117 @@ def solve(recipe: Recipe, symbol: str, target: int, config: Mapping[str, Any] | 
     if sym not in follow(model.total, formulas).free_symbols:
         raise SymparamError(f"--for {symbol}: the {recipe.title} total does not depend on {symbol}")
     moving = {name for name in formulas if _depends(name, formulas, {symbol})}
-    fixed = {k: v for k, v in base.values.items() if k != symbol and k not in moving}
-    equation = follow(model.total, formulas, {symbol}).xreplace({SYMBOLS[k]: sp.Integer(v) for k, v in fixed.items()})
-    x = sp.Symbol(symbol, positive=True)  # real, not integer: sympy would drop the non-integer roots
-    roots = sorted(float(r) for r in sp.solve(sp.Eq(equation.xreplace({sym: x}), target), x) if r.is_real and r > 0)
-    if not roots:
-        raise SymparamError(f"--for {symbol}: no positive {symbol} gives {target:,} parameters")
+    ruled = _ruled(recipe, model, base.values, set(sets) | {symbol}, {symbol})
+    fixed = {k: v for k, v in base.values.items() if k != symbol and k not in moving and k not in ruled}
+    general = follow(model.total, formulas, {symbol}).xreplace({SYMBOLS[k]: sp.Integer(v) for k, v in fixed.items()})
+    counted: dict[int, tuple[int, dict[str, int]] | None] = {}
 
     def exact(value: int) -> int | None:
         """The total at `value` by the full path (config resolution, exact count), or None if the value is not allowed."""
         if value < 1:
             return None
-        trial = {**fixed, symbol: value, **{m: _value(formulas[m], {**fixed, symbol: value}) for m in moving}}
-        if meets({k: v for k, v in trial.items() if v is not None}) or any(trial[m] is None for m in moving):
-            return None
-        try:
-            total = Model.from_resolved(resolve(config, recipe, {**sets, symbol: value})).count().total
-        except SymparamError:
-            return None
-        assert total == int(equation.xreplace({sym: value})), "solve: the equation and the exact count disagree"
-        return total
+        if value not in counted:
+            trial = {**fixed, symbol: value, **{m: _value(formulas[m], {**fixed, symbol: value}) for m in moving}}
+            counted[value] = None
+            if not any(trial[m] is None for m in moving) and not meets(trial):  # cheap checks before resolving
+                try:
+                    r = resolve(config, recipe, {**sets, symbol: value})
+                    counted[value] = (Model.from_resolved(r).count().total if r.flags != base.flags else model.count(r.values).total,
+                                      {s: r.values[s] for s in ruled})
+                except SymparamError:
+                    pass
+        hit = counted[value]
+        return None if hit is None else hit[0]
 
-    candidates = {}
-    for root in roots:
-        for start, step in ((math.floor(root), -1), (math.ceil(root), 1)):
-            value = start
-            for _ in range(MAX_STEPS):
-                total = exact(value)
-                if total is not None:
-                    candidates[value] = total
-                    break
-                if value < 1:
-                    break
-                value += step
+    def step(value: int, direction: int) -> tuple[int, int] | None:
+        """The nearest allowed value beyond `value` in `direction`, with its exact total."""
+        for _ in range(MAX_STEPS):
+            value += direction
+            if value < 1:
+                return None
+            total = exact(value)
+            if total is not None:
+                return value, total
+        return None
+
+    def closest(start: int) -> tuple[int, int] | None:
+        """From `start`, move to an allowed neighbour while it is strictly closer to the target (ties to the smaller)."""
+        here = (start, exact(start)) if exact(start) is not None else None
+        around = [c for c in (step(start, -1), step(start, 1)) if c is not None]
+        if here is None:
+            if not around:
+                return None
+            here = min(around, key=lambda c: (abs(c[1] - target), c[0]))
+        for _ in range(MAX_STEPS):
+            nearer = [c for c in (step(here[0], -1), step(here[0], 1)) if c is not None and (abs(c[1] - target), c[0]) < (abs(here[1] - target), here[0])]
+            if not nearer:
+                return here
+            here = min(nearer, key=lambda c: (abs(c[1] - target), c[0]))
+        return here
+
+    if ruled:
+        starts = [_crossing(exact, target)]
+    else:
+        equation = general
+        roots = _roots(equation, sym, target)
+        if not roots:
+            raise SymparamError(f"--for {symbol}: no positive {symbol} gives {target:,} parameters")
+        starts = [max(1, round(r)) for r in roots]
+    candidates: dict[int, int] = {}
+    for start in dict.fromkeys(starts):
+        found = closest(start)
+        if found is None:
+            continue
+        candidates[found[0]] = found[1]
+        for direction in (-1, 1):
+            neighbour = step(found[0], direction)
+            if neighbour is not None:
+                candidates[neighbour[0]] = neighbour[1]
     if not candidates:
-        raise SymparamError(f"--for {symbol}: no value near {roots[0]:.1f} meets the constraints")
-    return Solution(symbol, target, equation, model.total, roots, sorted(candidates.items()), fixed, {m: formulas[m] for m in moving})
+        raise SymparamError(f"--for {symbol}: no allowed value near {starts[0]} meets the constraints")
+    best = min(candidates.items(), key=lambda c: (abs(c[1] - target), c[0]))
+    rules = counted[best[0]][1]
+    equation = general.xreplace({SYMBOLS[s]: sp.Integer(v) for s, v in rules.items()})
+    if ruled:
+        roots = _roots(equation, sym, target)
+        if not roots:
+            raise SymparamError(f"--for {symbol}: no positive {symbol} gives {target:,} parameters")
+    if equation.xreplace({sym: best[0]}) != best[1]:
+        raise SymparamError(f"--for {symbol}: the equation gives {equation.xreplace({sym: best[0]})} at {symbol} = {best[0]}, the exact count {best[1]:,}")
+    return Solution(symbol, target, equation, model.total, roots, sorted(candidates.items()), fixed, {m: formulas[m] for m in moving}, rules)
+
+
+def _roots(equation: sp.Expr, sym: sp.Symbol, target: int) -> list[float]:
+    """Real positive solutions of equation = target."""
+    x = sp.Symbol(str(sym), positive=True)  # real, not integer: sympy would drop the non-integer roots
+    return sorted(float(r) for r in sp.solve(sp.Eq(equation.xreplace({sym: x}), target), x) if r.is_real and r > 0)
+
+
+def _crossing(exact, target: int) -> int:
+    """Where the exact total first reaches `target`, searching doubling then halving (the total grows with the layers)."""
+    low, high = 1, 1
+    for _ in range(64):
+        total = exact(high)
+        if total is not None and total >= target:
+            break
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        total = exact(middle)
+        if total is not None and total >= target:
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def _value(formula: sp.Expr, values: Mapping[str, int]) -> int | None:
-    """A derived symbol's value, or None when its formula is not a whole number there."""
-    result = formula.xreplace({SYMBOLS[k]: sp.Integer(v) for k, v in values.items() if k in SYMBOLS})
-    return int(result) if result.is_Integer and result > 0 else None
+    """A derived symbol's value, or None when its formula is not a whole positive number there."""
+    try:
+        result = exactly(formula, {k: v for k, v in values.items() if str(k) in SYMBOLS})
+    except SymparamError:
+        return None
+    return result if result > 0 else None
 
 
 def _resolve_around(recipe: Recipe, config: dict[str, Any], sets: dict[str, int], symbol: str):
@@ -162,7 +251,7 @@ def _resolve_around(recipe: Recipe, config: dict[str, Any], sets: dict[str, int]
 
 def _config_value(recipe: Recipe, config: Mapping[str, Any], symbol: str) -> int | None:
     merged = {**recipe.defaults, **config}
-    return next((merged[k] for k in BY_NAME[symbol].keys if type(merged.get(k)) is int), None)
+    return next((merged[k] for k in recipe.config_keys(symbol) if type(merged.get(k)) is int), None)
 
 
 # --- sensitivity -----------------------------------------------------------------------------------------------
@@ -219,8 +308,18 @@ class Compiled:
 
     def bound(self, columns: Mapping[str, np.ndarray]) -> int:
         """An upper bound on |every intermediate| of the evaluation: sum over monomials of |c| * prod max(|x|, 1)^e."""
-        top = [max(1, int(np.max(np.abs(columns[s]))) if len(columns[s]) else 1) for s in self.symbols]
+        top = [max(1, _largest(columns[s])) for s in self.symbols]
         return sum(abs(c) * math.prod(t**e for t, e in zip(top, exps)) for c, exps in self.monomials)
+
+
+def _largest(column: np.ndarray) -> int:
+    """max |x| over a column (one look for a broadcast constant)."""
+    column = np.asarray(column)
+    if not column.size:
+        return 0
+    if column.ndim == 1 and column.strides == (0,):
+        return abs(int(column[0]))
+    return int(np.max(np.abs(column)))
 
 
 @functools.lru_cache(maxsize=64)
@@ -251,68 +350,207 @@ def evaluate(compiled: Compiled, columns: Mapping[str, np.ndarray], on_overflow:
     return np.asarray(compiled.function(*args), dtype=object)
 
 
-def fill(model: Model, columns: Mapping[str, Any], formulas: Mapping[str, sp.Expr] | None = None) -> dict[str, np.ndarray]:
-    """Every symbol the model needs as an array: given columns, then derived formulas over them, then the model's values."""
-    size = max((len(np.atleast_1d(v)) for v in columns.values()), default=1)
-    out = {name: _column(name, v, size) for name, v in columns.items()}
-    for name in columns:
-        lookup(name)
+def fill(model: Model, columns: Mapping[str, Any], formulas: Mapping[str, sp.Expr] | None = None,
+         given: Mapping[str, Any] | None = None, names: set[str] | None = None) -> dict[str, np.ndarray]:
+    """Every symbol the model needs (or `names`) as an array: the columns, then derived formulas over them, then `given`
+    (scalars or per-row arrays; default the model's values). A derived symbol that is not a whole number is an error."""
+    out, size = _columns(columns)
     formulas = formulas or {}
-    for name in [str(s) for s in model.symbols]:
+    formulas = {name: follow(f, formulas, set(out)) for name, f in formulas.items()}
+    given = (model.values or {}) if given is None else given
+    wanted = [str(s) for s in model.symbols] if names is None else [s for s in SYMBOLS if s in names]
+    for name in wanted:
         if name in out:
             continue
         if name in formulas and {str(s) for s in formulas[name].free_symbols} & set(out):
-            out[name] = _derive(name, formulas[name], out, model.values or {}, size)
-        elif model.values and name in model.values:
-            out[name] = np.full(size, model.values[name], dtype=np.int64 if abs(model.values[name]) <= INT64_MAX else object)
+            out[name] = _derive(name, formulas[name], {**_broadcast(given, formulas[name], size), **out}, size)
+        elif name in given:
+            out[name] = _full(given[name], size)
         else:
             raise SymparamError(f"sweep: no values for {name}; add a column or --set {name}=...")
     return out
 
 
-def _column(name: str, values: Any, size: int) -> np.ndarray:
-    """One column as int64 (objects holding Python ints beyond int64); floats and negatives are errors."""
+def _columns(columns: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+    """The columns as arrays of one length, each value an allowed integer for its symbol (N_dense may be 0, N not)."""
+    out = {}
+    for name, values in columns.items():
+        lookup(name)
+        out[name] = _column(name, values)
+    sizes = {len(a) for a in out.values() if len(a) != 1}
+    if len(sizes) > 1:
+        raise SymparamError(f"sweep: columns of different lengths ({', '.join(f'{n}: {len(a)}' for n, a in out.items())})")
+    size = sizes.pop() if sizes else 1
+    if any(len(a) == 0 for a in out.values()) or not out:
+        raise SymparamError("sweep: no rows")
+    return {name: np.broadcast_to(a, (size,)) if len(a) == 1 else a for name, a in out.items()}, size
+
+
+def _column(name: str, values: Any) -> np.ndarray:
+    """One column as int64 (objects holding Python ints beyond int64); floats and values below the symbol's least are errors."""
     array = np.atleast_1d(np.asarray(values))
     if array.dtype.kind in "iu":  # already integers: no per-row Python work
-        if array.size and array.min() < 0:
-            raise SymparamError(f"sweep: column {name} has a negative value")
-        if array.dtype.kind == "u" and array.size and array.max() > INT64_MAX:
-            array = array.astype(object)
-        else:
-            array = array.astype(np.int64, copy=False)
-        return np.broadcast_to(array, (size,)) if len(array) == 1 else array
-    array = np.atleast_1d(np.asarray(values, dtype=object))
-    if not all(type(x) is int or isinstance(x, np.integer) for x in array):
-        raise SymparamError(f"sweep: column {name} must hold integers")
-    ints = [int(x) for x in array]
-    if any(x < 0 for x in ints):
-        raise SymparamError(f"sweep: column {name} has a negative value")
-    fits = all(x <= INT64_MAX for x in ints)
-    array = np.array(ints, dtype=np.int64 if fits else object)
-    return np.broadcast_to(array, (size,)) if len(array) == 1 else array
+        array = array.astype(object) if array.dtype.kind == "u" and array.size and array.max() > INT64_MAX else array.astype(np.int64, copy=False)
+    else:
+        array = np.atleast_1d(np.asarray(values, dtype=object))
+        if not all(type(x) is int or isinstance(x, np.integer) for x in array):
+            raise SymparamError(f"sweep: column {name} must hold integers")
+        ints = [int(x) for x in array]
+        array = np.array(ints, dtype=np.int64 if all(-INT64_MAX <= x <= INT64_MAX for x in ints) else object)
+    low = 0 if name in MAY_BE_ZERO else 1
+    if array.size and array.min() < low:
+        row = int(np.argmax(array < low))
+        raise SymparamError(f"sweep: row {row}: {name} = {array[row]}: expected a {'non-negative' if low == 0 else 'positive'} integer ({BY_NAME[name].meaning})")
+    return array
 
 
-def _derive(name: str, formula: sp.Expr, columns: dict[str, np.ndarray], values: Mapping[str, int], size: int) -> np.ndarray:
+def _full(value: Any, size: int) -> np.ndarray:
+    """A scalar as a column (int64, or exact objects beyond it); an array as it is."""
+    if isinstance(value, np.ndarray):
+        return value
+    return np.broadcast_to(np.array(value, dtype=np.int64 if abs(value) <= INT64_MAX else object), (size,))  # no copy
+
+
+def _broadcast(given: Mapping[str, Any], expr: sp.Expr, size: int) -> dict[str, np.ndarray]:
+    return {str(s): _full(given[str(s)], size) for s in expr.free_symbols if str(s) in given}
+
+
+def _ratio(expr: sp.Expr) -> tuple[Compiled, Compiled]:
+    """Numerator and denominator of `expr` as compiled integer polynomials."""
+    num, den = sp.fraction(sp.together(expr))
+    return compile_count(num), compile_count(den)
+
+
+def _derive(name: str, formula: sp.Expr, columns: Mapping[str, np.ndarray], size: int) -> np.ndarray:
     """A derived symbol per row, exactly: numerator and denominator as integers, and a check that it divides."""
-    num, den = sp.fraction(sp.together(formula))
-    parts = []
-    for piece in (num, den):
-        syms = sorted(piece.free_symbols, key=str)
-        args = [columns[str(s)] if str(s) in columns else np.full(size, values[str(s)], dtype=np.int64) for s in syms]
-        parts.append(np.broadcast_to(np.asarray(sp.lambdify(syms, piece, "numpy")(*args), dtype=np.int64), (size,)))
-    top, bottom = parts
-    if np.any(top % bottom):
-        row = int(np.argmax(top % bottom != 0))
-        raise SymparamError(f"sweep: row {row}: {name} = {formula} is not a whole number; add a {name} column")
+    top, bottom = (np.broadcast_to(evaluate(c, columns), (size,)) for c in _ratio(formula))
+    bad = top % bottom != 0
+    if np.any(bad):
+        row = int(np.argmax(bad))
+        used = ", ".join(f"{s}={columns[str(s)][row]}" for s in sorted(formula.free_symbols, key=str))
+        raise SymparamError(f"sweep: row {row}: {name} = {formula} is not a whole number at {used}; add a {name} column")
     return top // bottom
 
 
-def sweep(model: Model, columns: Mapping[str, Any], formulas: Mapping[str, sp.Expr] | None = None, on_overflow: str = "fallback") -> dict[str, np.ndarray]:
-    """Exact total and active counts for every row of `columns` (symbol -> array), vectorised."""
-    values = fill(model, columns, formulas)
+def _needed(model: Model) -> set[str]:
+    """The symbols config.resolve gives a value and checks for this model (as resolve's `needed`)."""
+    needed = {str(s) for s in model.tree.expr.free_symbols | model.tree.active.free_symbols}
+    if model.recipe.options["attention"]["kind"] == "mha":
+        needed |= {"h", "h_d"}  # d x d attention: transformers still splits d into h heads of h_d
+    return needed
+
+
+def _fractional_shapes(model: Model) -> list[tuple[str, sp.Expr]]:
+    """(path, dimension) for every tensor dimension that is a fraction (d*h_kv/h), each once."""
+    found: dict[sp.Expr, str] = {}
+
+    def walk(term, path: str) -> None:
+        path = f"{path}.{term.key}" if path else term.key
+        for dim in term.shape:
+            if dim not in found and sp.fraction(sp.together(dim))[1] != 1:
+                found[dim] = path
+        for child in term.children:
+            walk(child, path)
+
+    walk(model.tree, "")
+    return [(path, dim) for dim, path in found.items()]
+
+
+def check(model: Model, values: Mapping[str, np.ndarray], used: set[str]) -> None:
+    """Every row as config.resolve checks one config: heads divide, k <= n, N_dense <= N, whole tensor sizes."""
+
+    def refuse(bad: np.ndarray, text) -> None:
+        if np.any(bad):
+            row = int(np.argmax(bad))
+            raise SymparamError(f"sweep: row {row}: {text(row)}")
+
+    if {"h", "h_kv"} <= used:
+        h, h_kv = values["h"], values["h_kv"]
+        refuse(h % h_kv != 0, lambda i: f"h_kv = {h_kv[i]} does not divide h = {h[i]} (num_key_value_heads, num_attention_heads)")
+    if {"n", "k"} <= used:
+        n, k = values["n"], values["k"]
+        refuse(k > n, lambda i: f"k = {k[i]} experts per token is more than the n = {n[i]} experts")
+    if {"N", "N_dense"} <= used:
+        layers, dense = values["N"], values["N_dense"]
+        refuse(dense > layers, lambda i: f"N_dense = {dense[i]} dense layers is more than the N = {layers[i]} layers")
+    for path, dim in _fractional_shapes(model):
+        if {str(s) for s in dim.free_symbols} <= set(values):
+            top, bottom = (evaluate(c, values) for c in _ratio(dim))
+            refuse(top % bottom != 0, lambda i: f"{path}: its size {dim} is not a whole number at "
+                   + ", ".join(f"{s}={values[str(s)][i]}" for s in sorted(dim.free_symbols, key=str)))
+
+
+def _counts(model: Model, values: Mapping[str, np.ndarray], on_overflow: str) -> dict[str, np.ndarray]:
     total = evaluate(compile_count(model.total), values, on_overflow)
     active = total if model.active == model.total else evaluate(compile_count(model.active), values, on_overflow)
     return {"total": total, "active": active}
+
+
+def sweep(model: Model, columns: Mapping[str, Any], formulas: Mapping[str, sp.Expr] | None = None, on_overflow: str = "fallback") -> dict[str, np.ndarray]:
+    """Exact total and active counts for every row of `columns` (symbol -> array), vectorised, each row checked.
+
+    A row is the model's values with the row's columns put in, as `model.count(values)` takes them; derived `formulas`
+    (h_d = d/h, ...) follow their inputs. What the config's layout rules set (N_dense, N_swa) stays as the model has it:
+    for exactly what `symparam count` gives with each row set, use `sweep_config`.
+    """
+    needed = _needed(model)
+    values = fill(model, columns, formulas, names=needed | {str(s) for s in model.symbols})
+    check(model, values, needed | set(columns))
+    return _counts(model, values, on_overflow)
+
+
+def sweep_config(recipe: Recipe, config: Mapping[str, Any], columns: Mapping[str, Any], sets: Mapping[str, int] | None = None,
+                 on_overflow: str = "fallback") -> dict[str, np.ndarray]:
+    """Exact total and active counts for every row, each what `resolve(config, recipe, {**sets, **row})` counts to.
+
+    Default formulas (h_d = d/h, d_ff = 4d, h_kv = h) over the columns are computed per row; symbols a layout rule sets
+    (N_dense from N) are resolved once per distinct value of the columns the rule reads; every row is checked as resolve
+    checks a config, and an error names the row.
+    """
+    cols, size = _columns(columns)
+    config, sets = dict(config), {k: v for k, v in (sets or {}).items() if k not in cols}
+    base = _resolve_row(config, recipe, sets, cols, 0)
+    model = Model.from_resolved(base)
+    reads = {i for s in _ruled(recipe, model, base.values, set(sets) | set(cols), set(cols)) for i in RULES[s]} & set(cols)
+    firsts, inverse = _distinct([cols[k] for k in sorted(reads)], size)
+    resolved = [base if i == 0 else _resolve_row(config, recipe, sets, cols, i) for i in firsts]
+    given = {}
+    for name in base.values:
+        column = [r.values[name] for r in resolved]
+        given[name] = column[0] if len(set(column)) == 1 else np.array(column, dtype=object if max(map(abs, column)) > INT64_MAX else np.int64)[inverse]
+    formulas = {k: f for k, f in derived(recipe, config, {**sets, **cols}).items() if k in base.values}
+    needed = _needed(model)
+    values = fill(model, cols, formulas, given, needed | {str(s) for s in model.symbols})
+    check(model, values, needed | set(sets) | set(cols))
+    return _counts(model, values, on_overflow)
+
+
+def _resolve_row(config: dict[str, Any], recipe: Recipe, sets: Mapping[str, int], cols: Mapping[str, np.ndarray], row: int):
+    try:
+        return resolve(config, recipe, {**sets, **{name: int(col[row]) for name, col in cols.items()}})
+    except SymparamError as e:
+        raise SymparamError(f"sweep: row {row}: {e}") from None
+
+
+def _distinct(keys: list[np.ndarray], size: int) -> tuple[list[int], np.ndarray]:
+    """The first row of each distinct combination of `keys` (in row order), and each row's combination index."""
+    if not keys:
+        return [0], np.zeros(size, dtype=np.intp)
+    if all(k.dtype != object for k in keys):
+        code = keys[0]
+        for key in keys[1:]:  # one int64 code per combination: np.unique over rows (axis=0) is many times slower
+            seen, which = np.unique(key, return_inverse=True)
+            code = np.unique(code, return_inverse=True)[1].reshape(-1) * len(seen) + which.reshape(-1)
+        _, firsts, inverse = np.unique(code, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    else:
+        index: dict[tuple[int, ...], int] = {}
+        inverse = np.array([index.setdefault(tuple(int(k[i]) for k in keys), len(index)) for i in range(size)], dtype=np.intp)
+        firsts = np.array([int(np.argmax(inverse == j)) for j in range(len(index))])
+    order = np.argsort(firsts, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return [int(firsts[j]) for j in order], rank[inverse]
 
 
 def grid(specs: Mapping[str, str]) -> dict[str, np.ndarray]:
@@ -334,9 +572,6 @@ def grid(specs: Mapping[str, str]) -> dict[str, np.ndarray]:
     return {name: m.ravel() for name, m in zip(axes, mesh)}
 
 
-__all__ = ["solve", "Solution", "sensitivity", "sensitivities", "Sensitivity", "sweep", "compile_count", "evaluate", "grid", "derived", "follow", "CONSTRAINTS"]
-
-
 # --- text and CSV for the command line --------------------------------------------------------------------------
 
 
@@ -345,7 +580,10 @@ def solution_text(sol: Solution) -> str:
     lines = [f"solve total({sol.symbol}) = {sol.target:,}", f"general:  total = {sol.general}"]
     if sol.follows:
         lines.append("follows:  " + ", ".join(f"{k} = {v}" for k, v in sol.follows.items()) + " (not set in the config)")
-    lines.append(f"fixed:    " + ", ".join(f"{k}={v}" for k, v in sol.fixed.items() if SYMBOLS[k] in sol.general.free_symbols))
+    lines.append("fixed:    " + ", ".join(f"{k}={v}" for k, v in sol.fixed.items() if SYMBOLS[k] in sol.general.free_symbols))
+    if sol.rules:
+        lines.append("rules:    " + ", ".join(f"{k} = {v}" for k, v in sol.rules.items())
+                     + f" at {sol.symbol} = {sol.best[0]} (the family's layout rule, recomputed at every {sol.symbol})")
     lines.append(f"equation: {sol.equation} = {sol.target}")
     lines.append(f"roots:    {', '.join(f'{sol.symbol} = {r:.4f}' for r in sol.roots)}")
     rules = [f"{a} a multiple of {b}" for a, b, _ in CONSTRAINTS]

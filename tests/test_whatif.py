@@ -9,8 +9,9 @@ import pytest
 
 from symparam import SymparamError, load
 from symparam.cli import main
+from symparam.config import read_preset
 from symparam.recipes import REGISTRY
-from symparam.whatif import derived, grid, sensitivities, solve, sweep
+from symparam.whatif import derived, grid, sensitivities, solve, sweep, sweep_config
 
 LLAMA = dict(N=4, V=1000, h=8, h_kv=2, d_ff=512)  # d to solve for; h_d follows d (= d/h)
 
@@ -20,15 +21,17 @@ def exact_total(family: str, values: dict[str, int]) -> int:
     return load({"model_type": REGISTRY.family(family).model_types[0]}, overrides=values).count().total
 
 
-def brute_force(family: str, symbol: str, fixed: dict[str, int], target: int, values: range) -> int:
-    """The allowed value closest to target, by trying every value (d a multiple of h, h of h_kv), ties to the smaller."""
+def brute_force(family: str, symbol: str, fixed: dict[str, int], target: int, values: range, config: dict | None = None) -> int:
+    """The allowed value closest to target, by trying every value (d a multiple of h, h of h_kv), ties to the smaller.
+
+    Each total is the ordinary count: the family's bare config (or `config`) resolved with the trial values set."""
     best = None
     for v in values:
         trial = {**fixed, symbol: v}
         if trial.get("d", 0) % trial.get("h", 1) or trial.get("h", 0) % trial.get("h_kv", 1):
             continue
         try:
-            total = exact_total(family, trial)
+            total = exact_total(family, trial) if config is None else load(config, overrides=trial).count().total
         except SymparamError:
             continue
         if best is None or abs(total - target) < abs(best[1] - target):
@@ -54,10 +57,40 @@ def test_solve_other_symbols(symbol, span):
 
 
 def test_solve_from_a_preset_keeps_its_head_dim():
-    config = json.loads((__import__("symparam.config", fromlist=["presets"]).presets()["qwen3-8b"]).read_text())
+    config = read_preset("qwen3-8b")
     sol = solve(REGISTRY.family("qwen3"), "N", 7 * 10**9, config, {})
-    assert sol.follows == {} and sol.best[0] in (30, 31)
-    assert sol.best[1] == load(config, overrides={"N": sol.best[0]}).count().total
+    assert sol.follows == {}
+    assert sol.best == brute_force("qwen3", "N", {}, 7 * 10**9, range(1, 80), config) == (30, 7_033_056_768)
+
+
+def qwen3_moe_every_second_layer() -> dict:
+    """Qwen3-235B-A22B with decoder_sparse_step=2: every second layer dense, so N_dense follows N (about N/2)."""
+    return {**read_preset("qwen3-235b-a22b"), "decoder_sparse_step": 2, "num_hidden_layers": 48}
+
+
+@pytest.mark.parametrize("target", [3 * 10**9, 10**10])
+def test_solve_N_below_and_above_first_k_dense_replace(target):
+    config = read_preset("deepseek-v3")  # first_k_dense_replace = 3: N_dense = min(3, N)
+    sol = solve(REGISTRY.family("deepseek_v3"), "N", target, config, {})
+    assert sol.best == brute_force("deepseek_v3", "N", {}, target, range(1, 40), config)
+    assert sol.rules == {"N_dense": min(3, sol.best[0])}
+    assert all(t == load(config, overrides={"N": v}).count().total for v, t in sol.candidates)
+    if target == 3 * 10**9:
+        assert sol.best[0] == 2  # fewer layers than first_k_dense_replace
+
+
+def test_solve_N_when_every_second_layer_is_dense():
+    config = qwen3_moe_every_second_layer()
+    target = 10**11
+    sol = solve(REGISTRY.family("qwen3_moe"), "N", target, config, {})
+    assert sol.best == brute_force("qwen3_moe", "N", {}, target, range(1, 120), config)
+    assert sol.rules == {"N_dense": (sol.best[0] + 1) // 2}  # layers 0, 2, 4, ... stay dense
+
+
+def test_solve_cli_for_N_below_first_k_dense_replace(capsys):
+    assert main(["solve", "--model", "deepseek-v3", "--for", "N", "--target", "3B", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["best"] == {"value": 2, "total": load("deepseek-v3", overrides={"N": 2}).count().total}
 
 
 def test_solve_errors():
@@ -140,3 +173,57 @@ def test_cli(tmp_path, capsys):
     assert lines[0] == "d,N,total,active" and lines[1] == "4096,36,8190735360,8190735360"
     assert main(["sweep", "--model", "qwen3-8b", "--grid", "d=4096", "N=1000000000000", "--on-overflow", "raise"]) == 2
     assert main(["solve", "--arch", "llama", "--target", "lots", "--for", "d"]) == 2
+
+
+def count_rows(config: dict, columns: dict[str, list[int]], sets: dict[str, int] | None = None) -> list[tuple[int, int]]:
+    """(total, active) per row by the ordinary path: the config resolved with the row set, then counted."""
+    rows = len(next(iter(columns.values())))
+    out = []
+    for i in range(rows):
+        count = load(config, overrides={**(sets or {}), **{k: int(v[i]) for k, v in columns.items()}}).count()
+        out.append((count.total, count.active))
+    return out
+
+
+def test_sweep_deepseek_v3_N_row_by_row():
+    config = read_preset("deepseek-v3")  # N_dense = min(first_k_dense_replace, N) must follow each row's N
+    columns = {"N": [61, 2, 1, 3, 4, 2, 10]}
+    result = sweep_config(REGISTRY.family("deepseek_v3"), config, columns)
+    assert list(zip(result["total"].tolist(), result["active"].tolist())) == count_rows(config, columns)
+    assert all(t > 0 for t in result["total"].tolist())
+
+
+def test_sweep_qwen3_moe_every_second_layer_row_by_row():
+    config = qwen3_moe_every_second_layer()
+    columns = grid({"N": "1:9", "d": "2048,4096"})
+    result = sweep_config(REGISTRY.family("qwen3_moe"), config, columns)
+    assert list(zip(result["total"].tolist(), result["active"].tolist())) == count_rows(config, columns)
+
+
+def test_sweep_cli_rows_are_what_count_gives(capsys):
+    assert main(["sweep", "--model", "deepseek-v3", "--grid", "N=61,2", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert list(zip(payload["total"], payload["active"])) == count_rows(read_preset("deepseek-v3"), {"N": [61, 2]})
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("k=2,9", "row 1: k = 9 experts per token is more than the n = 8 experts"),
+    ("N=1,0", "row 1: N = 0: expected a positive integer"),
+    ("h_kv=32,5", "row 1: h_kv = 5 does not divide h = 32"),
+    ("N=0,1", "row 0: N = 0: expected a positive integer"),
+])
+def test_sweep_refuses_a_bad_row_naming_it(spec, message, capsys):
+    name, values = spec.split("=")
+    with pytest.raises(SymparamError, match=message):
+        sweep_config(REGISTRY.family("mixtral"), read_preset("mixtral-8x7b"), grid({name: values}))
+    assert main(["sweep", "--model", "mixtral-8x7b", "--grid", spec]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "--set" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_sweep_on_a_model_checks_every_row():
+    model = load("deepseek-v3")  # the model's own N_dense = 3 stays: a row with fewer layers is refused, not negative
+    with pytest.raises(SymparamError, match="row 1: N_dense = 3 dense layers is more than the N = 2 layers"):
+        sweep(model, {"N": np.array([61, 2])})
+    with pytest.raises(SymparamError, match="row 2: k = 9"):
+        sweep(load("mixtral-8x7b"), {"k": np.array([1, 2, 9])})
