@@ -227,3 +227,9 @@ def test_sweep_on_a_model_checks_every_row():
         sweep(model, {"N": np.array([61, 2])})
     with pytest.raises(SymparamError, match="row 2: k = 9"):
         sweep(load("mixtral-8x7b"), {"k": np.array([1, 2, 9])})
+
+
+def test_derived_reads_the_recipes_own_keys():
+    gpt2 = REGISTRY.family("gpt2")  # GPT-2 reads d_ff from n_inner only; intermediate_size is not its field
+    assert "d_ff" not in derived(gpt2, {"n_inner": 1000})
+    assert "d_ff" in derived(gpt2, {"intermediate_size": 1000})
