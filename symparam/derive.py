@@ -10,7 +10,7 @@ import sympy as sp
 
 from symparam.components import Term
 from symparam.model import Model
-from symparam.symbols import N, V, d, d_ff, g, h, h_d, h_kv
+from symparam.symbols import N, V, d, d_ff, evaluate, g, h, h_d, h_kv
 
 # The documents' FFN multiplier d_ff/d: a ratio, not a dimension, so it lives here and not in the vocabulary.
 M = sp.Symbol("M", positive=True)
@@ -89,8 +89,6 @@ class Ref:
     placeholder: sp.Symbol
     times: sp.Expr
     active_times: sp.Expr
-    times_value: int | None
-    active_times_value: int | None
 
     @property
     def absent(self) -> bool:
@@ -174,7 +172,6 @@ class Derivation:
     total: sp.Expr
     active: sp.Expr
     closed: ClosedForm
-    active_closed: ClosedForm
     total_value: int | None
     active_value: int | None
     active_without_embedding: int | None
@@ -190,13 +187,9 @@ class Derivation:
         return bool(self.flags.get("lm_head.tied"))
 
 
-def exact(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None) -> int | None:
-    """An expression's integer value at the given values, or None without values."""
-    if values is None:
-        return None
-    result = sp.sympify(expr).xreplace(values)
-    assert result.is_Integer, f"{expr} is not a whole number at these values"
-    return int(result)
+def exact(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None, what: str = "") -> int | None:
+    """An expression's integer value at the given values, or None without values; a fraction is a SymparamError."""
+    return None if values is None else evaluate(expr, values, what)
 
 
 def substituted(expr: sp.Expr, values: Mapping[sp.Symbol, int]) -> sp.Expr:
@@ -229,7 +222,7 @@ def with_g(values: Mapping[sp.Symbol, int]) -> dict[sp.Symbol, int]:
     return out
 
 
-def closed_form(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None) -> ClosedForm:
+def closed_form(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None, what: str = "") -> ClosedForm:
     simplified, used = simplify_under(sp.expand(expr))
     checks: tuple[Check, ...] = ()
     simplified_value = None
@@ -237,7 +230,7 @@ def closed_form(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None) -> Closed
         full = with_g(values)
         checks = tuple(Check(a, int(a.lhs.xreplace(full)), int(a.rhs.xreplace(full))) for a in used)
         simplified_value = sp.Rational(simplified.xreplace(full))
-    return ClosedForm(expr, simplified, used, checks, exact(expr, values), simplified_value)
+    return ClosedForm(expr, simplified, used, checks, exact(expr, values, what), simplified_value)
 
 
 def is_step(t: Term, bucket: str | None, root: bool = False) -> bool:
@@ -256,7 +249,8 @@ def title(t: Term) -> str:
 class _Walker:
     """Builds the steps in document order (pre-order), one step per distinct module."""
 
-    def __init__(self, values: Mapping[sp.Symbol, int] | None):
+    def __init__(self, name: str, values: Mapping[sp.Symbol, int] | None):
+        self.name = name
         self.values = values
         self.steps: list[Step | None] = []
         self.seen: dict[tuple[Term, str | None], int] = {}
@@ -276,7 +270,8 @@ class _Walker:
         active_formula = sp.Add(*(f.count for f in factors), *(r.active_times * r.placeholder for r in refs))
         one = Term(t.key, t.label, t.note, t.shape, t.children, component=t.component, tied=t.tied)
         expanded, active_expanded = sp.expand(one.expr), sp.expand(one.active)
-        closed = closed_form(expanded, self.values) if simplify_under(expanded)[1] else None
+        what = f"{self.name}: {path}"
+        closed = closed_form(expanded, self.values, what) if simplify_under(expanded)[1] else None
         self.steps[index] = Step(
             index=index,
             path=path,
@@ -289,8 +284,8 @@ class _Walker:
             active_formula=active_formula,
             active_expanded=active_expanded,
             substituted=substituted(expanded, self.values) if self.values is not None else None,
-            value=exact(expanded, self.values),
-            active_value=exact(active_expanded, self.values),
+            value=exact(expanded, self.values, what),
+            active_value=exact(active_expanded, self.values, f"{what} (active)"),
             closed=closed,
         )
         return index
@@ -299,13 +294,14 @@ class _Walker:
         for c in t.children:
             sub = f"{path}.{c.key}"
             if is_step(c, bucket):
-                times, active_times = exact(c.times, self.values), exact(c.active_times, self.values)
+                what = f"{self.name}: copies of {sub}"
+                times, active_times = exact(c.times, self.values, what), exact(c.active_times, self.values, f"{what} (active)")
                 step = None if times == 0 == active_times else self.walk(c, sub, bucket)
                 placeholder = self.steps[step].placeholder if step is not None and self.steps[step] else sp.Symbol(f"P_{len(self.steps)}_{len(refs)}")
-                refs.append(Ref(step, title(c), placeholder, c.times, c.active_times, times, active_times))
+                refs.append(Ref(step, title(c), placeholder, c.times, c.active_times))
             elif c.is_leaf:
                 count = c.each
-                factors.append(Factor(c.label, c.note, c.shape, count, c.tied, exact(count, self.values)))
+                factors.append(Factor(c.label, c.note, c.shape, count, c.tied, exact(count, self.values, f"{self.name}: {sub}")))
             else:
                 self._collect(c, sub, c.component or bucket, factors, refs, top=False)
 
@@ -349,7 +345,7 @@ def estimate(model: Model, subs: Mapping[sp.Symbol, int] | None, exact_total: in
     """The documents' estimate with M = d_ff/d, its value, and the simplifications this model breaks."""
     checks = []
     for key, broken in ESTIMATE_CHECKS:
-        amount = exact(minor_terms(model), subs) if key == "minor_terms" else None
+        amount = exact(minor_terms(model), subs, f"{model.name}: minor terms") if key == "minor_terms" else None
         checks.append(EstimateCheck(key, broken(model) if subs is not None else None, amount))
     if subs is None or d_ff not in subs:
         return Estimate(ESTIMATE, None, None, exact_total, tuple(checks))
@@ -373,7 +369,7 @@ def table(model: Model, total: int, active: int) -> tuple[Row, ...]:
 def derive(model: Model) -> Derivation:
     """The derivation of a model: symbolic always, with numbers when the model has values."""
     subs = model.substitution() if model.values is not None else None
-    walker = _Walker(subs)
+    walker = _Walker(model.name, subs)
     walker.walk(model.tree, "model", None)
     count = model.count() if subs is not None else None
     total_value = count.total if count else None
@@ -388,8 +384,7 @@ def derive(model: Model) -> Derivation:
         steps=tuple(walker.steps),
         total=model.total,
         active=model.active,
-        closed=closed_form(model.total, subs),
-        active_closed=closed_form(model.active, subs),
+        closed=closed_form(model.total, subs, f"{model.name}: total"),
         total_value=total_value,
         active_value=active_value,
         active_without_embedding=count.active_without_embedding if count else None,
@@ -398,18 +393,4 @@ def derive(model: Model) -> Derivation:
     )
 
 
-def billions(n: int | Fraction, places: int = 2) -> str:
-    """A count in units of 10^9, rounded half up to `places` decimals, e.g. "8.19"."""
-    scaled = Fraction(n) / 10**9 * 10**places
-    whole = int(scaled + Fraction(1, 2)) if scaled >= 0 else -int(-scaled + Fraction(1, 2))
-    sign = "-" if whole < 0 else ""
-    q, r = divmod(abs(whole), 10**places)
-    return f"{sign}{q}.{r:0{places}d}" if places else f"{sign}{q}"
-
-
-def percent(x: Fraction, places: int = 2) -> str:
-    """A fraction as a percentage string, rounded half up, e.g. "12.34"."""
-    return billions(x * 100 * 10**9, places)
-
-
-__all__ = ["ASSUMPTIONS", "Assumption", "ClosedForm", "Derivation", "Estimate", "Factor", "M", "Ref", "Row", "Step", "billions", "derive", "percent"]
+__all__ = ["ASSUMPTIONS", "Assumption", "ClosedForm", "Derivation", "Estimate", "Factor", "M", "Ref", "Row", "Step", "derive"]

@@ -2,41 +2,25 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from symparam.derive import derive
+from symparam.files import write_atomic
 from symparam.model import Model
 from symparam.recipes import REGISTRY
-from symparam.render import LANGS, examples_page, render
-
-EXTENSIONS = {"markdown": "md", "latex": "tex"}
+from symparam.render import FORMATS, LANGS, examples_page, render
 
 
 def pages() -> dict[str, Callable[[], str]]:
     """File name under generated/ -> a function producing its text."""
     out: dict[str, Callable[[], str]] = {}
     for recipe in REGISTRY:
-        for fmt, ext in EXTENSIONS.items():
+        for fmt, ext in FORMATS.items():
             for lang in LANGS:
                 out[f"{recipe.family}.{lang}.{ext}"] = lambda r=recipe, f=fmt, l=lang: render(derive(Model(r)), f, l)
     out["examples.md"] = examples_page
     return out
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same directory, so an error never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def stale(directory: Path) -> list[str]:
@@ -49,6 +33,7 @@ def stale(directory: Path) -> list[str]:
 
 def regenerate(directory: Path) -> list[str]:
     """Write every page; returns the names of the files whose content changed."""
+    directory.mkdir(parents=True, exist_ok=True)
     changed = []
     for name, make in pages().items():
         path, text = directory / name, make()

@@ -8,7 +8,7 @@ from fractions import Fraction
 import sympy as sp
 
 from symparam.model import Model, load
-from symparam.symbols import N, V, d, d_ff, h, h_d, h_kv, k, n, d_moe
+from symparam.symbols import N, V, d, d_ff, d_moe, evaluate, h, h_d, h_kv, k, n
 
 GI, MI = 2**30, 2**20  # several documents sum in binary units and print "G" or "M"
 
@@ -43,9 +43,9 @@ class Example:
 
 
 def at(model: Model, expr: sp.Expr, **overrides: int) -> int:
-    """An expression at a preset's values, some of them replaced (to redo a document's own arithmetic)."""
-    values = {**model.substitution(), **{sp.Symbol(name, integer=True, positive=True): v for name, v in overrides.items()}}
-    return int(sp.sympify(expr).xreplace(values))
+    """An expression at a preset's values, some of them replaced (to redo a document's own arithmetic); exact."""
+    values = {**{str(s): v for s, v in model.substitution().items()}, **overrides}
+    return evaluate(expr, values, f"{model.name}: {expr}")
 
 
 def part(model: Model, component: str, active: bool = False) -> int:

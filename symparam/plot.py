@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from symparam.components import COMPONENTS
 from symparam.config import presets, read_preset
 from symparam.errors import SymparamError
+from symparam.files import replacing
 from symparam.model import Count, Model, load
 from symparam.recipes import REGISTRY
 
@@ -128,23 +127,14 @@ def model_figure(model: Model):
 
 
 def save(fig: Any, output: str | Path) -> Path:
-    """Write the figure to `output` through a temporary file in the same directory: no half-written files."""
+    """Write the figure to `output` atomically (symparam.files): no half-written files."""
     path = Path(output)
     if path.suffix.lower() not in FORMATS:
         raise SymparamError(f"-o {output}: expected a file ending in {', '.join(FORMATS)}")
     if not path.parent.is_dir():
         raise SymparamError(f"-o {output}: no such directory {path.parent}")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=path.suffix[1:].lower())
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes it private; give it the mode a plain open() would
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path) as f:
+        fig.savefig(f, format=path.suffix[1:].lower())
     return path
 
 

@@ -14,7 +14,7 @@ import jinja2
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
 
-from symparam.derive import ASSUMPTIONS, Derivation, billions, derive, percent
+from symparam.derive import ASSUMPTIONS, Derivation, derive
 from symparam.errors import SymparamError
 from symparam.model import Model
 from symparam.symbols import BY_NAME, LATEX_NAMES, SYMBOLS
@@ -52,6 +52,15 @@ def ratio(x: Fraction) -> str:
     whole = x * 10**places
     text = str(whole.numerator).rjust(places + 1, "0")
     return text if not places else f"{text[:-places]}.{text[-places:]}"
+
+
+def decimal(x: Fraction | int, places: int = 2) -> str:
+    """An exact number rounded half away from zero to `places` decimals, e.g. "8.19" (the documents' B and %)."""
+    scaled = Fraction(x) * 10**places
+    whole = int(scaled + Fraction(1, 2)) if scaled >= 0 else -int(-scaled + Fraction(1, 2))
+    sign = "-" if whole < 0 else ""
+    q, r = divmod(abs(whole), 10**places)
+    return f"{sign}{q}.{r:0{places}d}" if places else f"{sign}{q}"
 
 
 def escape_tex(text: str) -> str:
@@ -139,10 +148,10 @@ def environment(fmt: str, lang: str, d: Derivation | None = None) -> jinja2.Envi
         math=lambda e: printer.doprint(sp.sympify(e)),
         ratio=ratio,
         num=lambda n: f"{n:,}".replace(",", sep),
-        billions=billions,
+        billions=lambda n: decimal(Fraction(n) / 10**9),
         number=lambda x: f"{int(x):,}".replace(",", sep) if Fraction(x).denominator == 1 else ratio(x),
-        pct=lambda x: percent(Fraction(x)),
-        signed_pct=lambda x: ("+" if x >= 0 else "") + percent(Fraction(x)),
+        pct=lambda x: decimal(Fraction(x) * 100),
+        signed_pct=lambda x: ("+" if x >= 0 else "") + decimal(Fraction(x) * 100),
         title=lambda t: words.word("titles", t),
         note=lambda t: words.word("notes", t),
         meaning=lambda name: words.word("meanings", BY_NAME[name].meaning),

@@ -1,14 +1,17 @@
 """The derivation's mathematics: steps compose to the exact count, closed forms hold under their assumptions, errata are computed."""
 
+from pathlib import Path
+
 import pytest
 import sympy as sp
 
 import symparam
 from symparam.config import presets
 from symparam.derive import ASSUMPTIONS, derive, simplify_under
+from symparam.errors import SymparamError
 from symparam.examples import examples
-from symparam.recipes import REGISTRY
-from symparam.symbols import N, V, d, d_ff, g, h, h_d, h_kv
+from symparam.recipes import REGISTRY, load_recipe
+from symparam.symbols import d, g, h, h_d, h_kv
 
 PRESETS = list(presets())
 
@@ -80,10 +83,25 @@ def test_errata_are_computed():
     claims = {(e.preset, c.what): c for e in examples() for c in e.claims}
     assert claims[("qwen3-235b-a22b", "active (stated figure)")].exact == 22_190_763_520
     assert claims[("qwen3-235b-a22b", "total (stated figure)")].status == "exact"
-    # the stated 22.14456064e9 is the exact active count with only k of n router rows
-    assert 22_190_763_520 - 94 * (128 - 8) * 4096 == 22_144_560_640
     assert claims[("qwen3-8b", "total")].exact == 8_190_735_360
     assert claims[("qwen2.5-3b", "embedding V d")].exact == 151936 * 2048
     assert claims[("qwen3-32b", "total of the engine")].status == "exact"
     assert claims[("classic-512", "total")].status == claims[("classic-512-tied", "total")].status == "exact"
     assert claims[("gpt2", "total, 50000 x 768 + (768 x 768 x 3 + 768 x 768 + 768 x 3072 x 2) x 12")].stated_value == 123_334_656
+
+
+def test_router_erratum_reproduces_the_stated_active_count():
+    claim = next(c for e in examples() for c in e.claims if (e.preset, c.what) == ("qwen3-235b-a22b", "active (stated figure)"))
+    v = symparam.load("qwen3-235b-a22b").values
+    k_rows = claim.exact - v["N"] * (v["n"] - v["k"]) * v["d"]  # only k of the n router rows per layer
+    assert k_rows == claim.stated_value
+    assert f"exact active minus N(n - k)d = {k_rows:,})" in claim.why
+
+
+def test_a_fraction_is_an_error_naming_the_tensor(tmp_path):
+    toml = (Path(symparam.__file__).parent / "recipes" / "olmoe.toml").read_text(encoding="utf-8")
+    path = tmp_path / "thirds.toml"
+    path.write_text(toml.replace('size = "d_ff"', 'size = "d_ff/3"'), encoding="utf-8")
+    values = dict(N=2, V=10, d=8, h=2, h_kv=2, h_d=4, n=4, k=2, d_ff=7)
+    with pytest.raises(SymparamError, match=r"^olmoe-thirds: model\.layers\..*gate_proj\.weight: 56/3 is not a whole number"):
+        derive(symparam.Model(load_recipe(path), values=values, name="olmoe-thirds"))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -28,7 +30,12 @@ def test_png_written_and_reopened(tmp_path, capsys, args):
 
 def test_svg(tmp_path):
     out = tmp_path / "q.svg"
-    plot_model(load("qwen3-8b"), out)
+    old = os.umask(0o022)
+    try:
+        plot_model(load("qwen3-8b"), out)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # a plain open()'s mode, not mkstemp's 0600
     text = out.read_text()
     assert text.lstrip().startswith("<?xml") and "</svg>" in text
 

@@ -1,8 +1,10 @@
 """Rendering: golden files, real LaTeX compilers, real KaTeX, escaping, the CLI, generated/ and a notebook."""
 
-import json
+import os
 import shutil
+import stat
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,19 @@ CASES = [
     ("qwen3-8b", "latex", "zh"),
     ("classic-512-tied", "markdown", "en"),
 ]
+
+
+@contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
 
 
 def need(tool: str) -> str:
@@ -96,7 +111,9 @@ def test_generated_is_current():
 
 def test_docs_check_fails_when_stale(tmp_path, capsys):
     assert cli.main(["docs", "--check", "--dir", str(tmp_path)]) == 2
-    assert cli.main(["docs", "--dir", str(tmp_path)]) == 0
+    with umask(0o027):
+        assert cli.main(["docs", "--dir", str(tmp_path)]) == 0
+    assert {mode(p) for p in tmp_path.iterdir()} == {0o640}  # what open() gives under the umask, not mkstemp's 0600
     assert cli.main(["docs", "--check", "--dir", str(tmp_path)]) == 0
     (tmp_path / "llama.en.md").write_text("edited", encoding="utf-8")
     assert cli.main(["docs", "--check", "--dir", str(tmp_path)]) == 2
@@ -107,7 +124,9 @@ def test_derive_cli_symbolic_and_output(tmp_path, capsys):
     assert cli.main(["derive", "--arch", "qwen3-moe", "--markdown"]) == 0
     assert "Purely symbolic" in capsys.readouterr().out
     out = tmp_path / "d.tex"
-    assert cli.main(["derive", "--model", "qwen3-8b", "--latex", "--lang", "zh", "-o", str(out)]) == 0
+    with umask(0o022):
+        assert cli.main(["derive", "--model", "qwen3-8b", "--latex", "--lang", "zh", "-o", str(out)]) == 0
+    assert mode(out) == 0o644
     assert out.read_text(encoding="utf-8").startswith(r"\documentclass")
     frag = tmp_path / "f.tex"
     assert cli.main(["derive", "--model", "gpt2", "--latex", "--fragment", "-o", str(frag)]) == 0
@@ -117,6 +136,7 @@ def test_derive_cli_symbolic_and_output(tmp_path, capsys):
 def test_failed_derive_leaves_no_file(tmp_path):
     out = tmp_path / "x.md"
     assert cli.main(["derive", "--model", "no-such-model", "--markdown", "-o", str(out)]) == 2
+    assert cli.main(["derive", "--model", "gpt2", "--markdown", "-o", str(tmp_path / "missing" / "x.md")]) == 2
     assert list(tmp_path.iterdir()) == []
 
 
