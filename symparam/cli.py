@@ -12,6 +12,7 @@ import sympy as sp
 
 from symparam.config import presets, read_config, read_preset, resolve
 from symparam.errors import SymparamError
+from symparam.files import write_atomic
 from symparam.model import Model
 from symparam.recipes import REGISTRY, Recipe, load_recipe
 
@@ -58,9 +59,9 @@ def source(args: argparse.Namespace) -> tuple[dict, Recipe | None, str]:
     return {}, recipe, recipe.title
 
 
-def model_from(args: argparse.Namespace) -> Model:
-    """The Model that the source options name, with its values."""
-    raw, recipe, name = source(args)
+def model_from(args: argparse.Namespace, named: tuple[dict, Recipe | None, str] | None = None) -> Model:
+    """The Model that the source options name (or `named`, their source() already read), with its values."""
+    raw, recipe, name = named or source(args)
     return Model.from_resolved(resolve(raw, recipe, parse_sets(args.sets), name))
 
 
@@ -163,15 +164,10 @@ def cmd_plot(args: argparse.Namespace) -> str:
     return json.dumps(result, indent=2) if args.json else f"wrote {result['output']}"
 
 
-def raw_config(args: argparse.Namespace) -> dict:
-    """The config.json the source options name ({} for --arch or --recipe alone)."""
-    return source(args)[0]
-
-
-def recipe_of(args: argparse.Namespace) -> Recipe:
-    """The recipe the source options name: --recipe, --arch, or the config's model_type."""
+def config_and_recipe(args: argparse.Namespace) -> tuple[dict, Recipe]:
+    """The config the source options name ({} for --arch or --recipe alone) and its recipe."""
     raw, recipe, _ = source(args)
-    return recipe or REGISTRY.for_model_type(raw.get("model_type"))
+    return raw, recipe or REGISTRY.for_model_type(raw.get("model_type"))
 
 
 def add_verify(p: argparse.ArgumentParser) -> None:
@@ -183,7 +179,8 @@ def add_verify(p: argparse.ArgumentParser) -> None:
 def cmd_verify(args: argparse.Namespace) -> tuple[str, int]:
     from symparam import verify
 
-    report = verify.verify(model_from(args), args.checkpoint, args.dtype or verify.config_dtype(raw_config(args)))
+    named = source(args)
+    report = verify.verify(model_from(args, named), args.checkpoint, args.dtype or verify.config_dtype(named[0]))
     out = json.dumps(report.as_dict(), indent=2) if args.json else verify.text(report)
     return out, 0 if report.match else 1
 
@@ -211,8 +208,8 @@ def add_solve(p: argparse.ArgumentParser) -> None:
 def cmd_solve(args: argparse.Namespace) -> str:
     from symparam import whatif
 
-    raw = raw_config(args)
-    sol = whatif.solve(recipe_of(args), args.symbol, parse_target(args.target), raw, parse_sets(args.sets))
+    raw, recipe = config_and_recipe(args)
+    sol = whatif.solve(recipe, args.symbol, parse_target(args.target), raw, parse_sets(args.sets))
     return json.dumps(sol.as_dict(), indent=2) if args.json else whatif.solution_text(sol)
 
 
@@ -224,8 +221,9 @@ def add_sensitivity(p: argparse.ArgumentParser) -> None:
 def cmd_sensitivity(args: argparse.Namespace) -> str:
     from symparam import whatif
 
-    raw, model = raw_config(args), model_from(args)
-    formulas = whatif.derived(model.recipe, raw, parse_sets(args.sets))
+    named = source(args)
+    model = model_from(args, named)
+    formulas = whatif.derived(model.recipe, named[0], parse_sets(args.sets))
     items = whatif.sensitivities(model, formulas, args.symbols)
     return json.dumps([s.as_dict() for s in items], indent=2) if args.json else whatif.sensitivity_text(items, formulas)
 
@@ -245,13 +243,13 @@ def cmd_sweep(args: argparse.Namespace) -> str:
         raise SymparamError("give one of --csv FILE and --grid SYMBOL=SPEC ...")
     specs = dict(item.partition("=")[::2] for item in args.grid)
     columns = whatif.read_csv(args.csv) if args.csv else whatif.grid(specs)
-    results = whatif.sweep_config(recipe_of(args), raw_config(args), columns, parse_sets(args.sets), args.on_overflow)  # each row as `count --set` it
+    raw, recipe = config_and_recipe(args)
+    results = whatif.sweep_config(recipe, raw, columns, parse_sets(args.sets), args.on_overflow)  # each row as `count --set` it
     if args.json:
         return json.dumps({**{k: [int(x) for x in v] for k, v in columns.items()}, **{k: [int(x) for x in v] for k, v in results.items()}})
     out = whatif.csv_text(columns, results)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(out + "\n")
+        write_atomic(Path(args.output), out + "\n")
         return f"wrote {args.output} ({len(results['total'])} rows)"
     return out
 
@@ -268,7 +266,6 @@ def add_derive(parser: argparse.ArgumentParser) -> None:
 
 def cmd_derive(args: argparse.Namespace) -> str:
     from symparam.derive import derive
-    from symparam.docs import write_atomic
     from symparam.render import render
 
     given_values = args.model or args.config or args.sets

@@ -79,7 +79,7 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
         needed |= {"h", "h_d"}  # d x d attention: transformers still splits d into h heads of h_d
     values = _values(config, needed, dict(overrides or {}), recipe)
     _consistency(values, needed | set(overrides or {}))
-    _whole_shapes(tree, values)
+    _whole_shapes(tree, values, as_subs(values))
     return Resolved(recipe, flags, values, name or str(raw.get("_name_or_path", recipe.family)))
 
 
@@ -99,7 +99,7 @@ def _values(config: dict[str, Any], needed: set[str], overrides: dict[str, int],
         values["N_swa"] = _sliding_layers(recipe.options.get("cache", {}), config, values)
     for symbol in sorted(needed):
         if symbol not in values:
-            values[symbol] = _fallback(symbol, values)
+            values[symbol] = _fallback(symbol, values, recipe)
     return values
 
 
@@ -111,19 +111,19 @@ def _check(symbol: str, field: str, value: Any, meaning: str = "") -> int:
     return value
 
 
-def _fallback(symbol: str, values: dict[str, int]) -> int:
-    sym = BY_NAME[symbol]
+def _fallback(symbol: str, values: dict[str, int], recipe: Recipe) -> int:
+    sym, keys = BY_NAME[symbol], recipe.config_keys(symbol)
     if sym.fallback is None:
-        where = " or ".join(sym.keys) if sym.keys else symbol
+        where = " or ".join(keys) if keys else symbol
         raise SymparamError(f"{where}: missing ({sym.meaning}); set it in the config or with --set {symbol}=...")
     formula = parse(sym.fallback)
     inputs = {str(s) for s in formula.free_symbols}
     for dep in sorted(inputs - set(values)):
-        values[dep] = _fallback(dep, values)
+        values[dep] = _fallback(dep, values, recipe)
     result = formula.subs({SYMBOLS[s]: values[s] for s in inputs})
     if not result.is_Integer:
         parts = ", ".join(f"{s}={values[s]}" for s in sorted(inputs))
-        raise SymparamError(f"{' or '.join(sym.keys)}: not set, and its default {sym.fallback} is not a whole number for {parts}")
+        raise SymparamError(f"{' or '.join(keys)}: not set, and its default {sym.fallback} is not a whole number for {parts}")
     return int(result)
 
 
@@ -169,16 +169,16 @@ def _consistency(values: dict[str, int], used: set[str]) -> None:
         raise SymparamError(f"N_dense: {values['N_dense']} dense layers is more than the {values['N']} layers")
 
 
-def _whole_shapes(term: Term, values: dict[str, int], path: str = "") -> None:
+def _whole_shapes(term: Term, values: dict[str, int], subs: dict[sp.Symbol, sp.Integer], path: str = "") -> None:
     """Every tensor dimension must be a whole number at these values (d*h_kv/h with h not dividing d is not)."""
     path = f"{path}.{term.key}" if path else term.key
     for dim in term.shape:
-        size = dim.xreplace({SYMBOLS[name]: sp.Integer(v) for name, v in values.items()})
+        size = dim.xreplace(subs)
         if not size.is_Integer:
             used = ", ".join(f"{s}={values[str(s)]}" for s in sorted(dim.free_symbols, key=str))
             raise SymparamError(f"{path}: its size {dim} is {size} at {used}, not a whole number")
     for child in term.children:
-        _whole_shapes(child, values, path)
+        _whole_shapes(child, values, subs, path)
 
 
 def as_subs(values: Mapping[str, int]) -> dict[sp.Symbol, sp.Integer]:
