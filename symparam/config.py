@@ -1,10 +1,11 @@
-"""config.json (or a preset, or --set values) -> validated flags and exact integer symbol values."""
+"""config.json (or a preset, or --set values) -> validated switches and exact integer symbol values."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,21 +14,21 @@ import sympy as sp
 
 from symparam.components import Term
 from symparam.errors import SymparamError
-from symparam.recipes import REGISTRY, Recipe, truthy
-from symparam.symbols import BY_NAME, SYMBOLS, parse
-
-# Symbols that may be zero; every other dimension must be a positive integer.
-MAY_BE_ZERO = {"N_dense", "n_s", "N_swa"}
+from symparam.recipes import REGISTRY, Recipe
+from symparam.rules import compile_rule, lookup_in
+from symparam.symbols import make, parse
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """A config read against a recipe: its switches, and an exact integer for each symbol it sets."""
+    """A config read against a recipe: its switches, an exact integer for each symbol it sets, and how it was read."""
 
     recipe: Recipe
-    flags: dict[str, bool]  # "section.option" -> on/off, e.g. "lm_head.tied"
+    flags: dict[str, bool]  # switch -> on/off, e.g. "tied"
     values: dict[str, int]  # symbol name -> value, e.g. "d" -> 4096
     name: str  # preset name or file path, for titles
+    notes: tuple[str, ...] = ()  # how the config was read: "language model of a gemma3 config", ...
+    scope: dict[str, Any] = field(default_factory=dict)  # {"scope": "language model", "wrapper": "gemma3"} for wrappers
 
 
 def presets() -> dict[str, Any]:
@@ -40,141 +41,218 @@ def read_preset(name: str) -> dict[str, Any]:
     table = presets()
     if name not in table:
         raise SymparamError(f"model: unknown preset {name!r}; known: {', '.join(table)}")
-    return json.loads(table[name].read_text(encoding="utf-8"))
+    return loads(table[name].read_text(encoding="utf-8"), name)
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
     """A config.json file as a dict; a missing, unreadable or malformed file is a one-line error."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # editors write a BOM; transformers reads it too
     except FileNotFoundError:
         raise SymparamError(f"{path}: no such file") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise SymparamError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    return loads(text, str(path))
+
+
+def loads(text: str, where: str) -> Any:
+    """JSON text as data: NaN/Infinity refused, too-deep nesting refused, a duplicate key warned of (the last wins)."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                print(f"{where}: warning: key {key!r} appears more than once; the last value wins, as in transformers", file=sys.stderr)
+            out[key] = value
+        return out
+
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=pairs)
     except json.JSONDecodeError as e:
-        raise SymparamError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    return data
+        raise SymparamError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise SymparamError(f"{where}: JSON nested too deeply to be a config") from None
 
 
 def _reject_constant(name: str) -> None:
     raise SymparamError(f"config: {name} is not a number")
 
 
+def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], Recipe, tuple[str, ...], dict[str, Any]]:
+    """The language-model config and its recipe: a multimodal wrapper's text_config, or a family found by class name."""
+    model_type = raw.get("model_type")
+    wrapped = REGISTRY.wrapper(model_type) if recipe is None or model_type not in recipe.model_types else None
+    if wrapped is not None and (recipe is None or recipe is wrapped):
+        spec = wrapped.wrappers[model_type]
+        key = spec.get("config", "text_config")
+        text = raw.get(key)
+        if not isinstance(text, dict):
+            raise SymparamError(f"{key}: missing; a {model_type} config keeps its language model there")
+        inner = {**{k: raw[k] for k in spec.get("keep", []) if k in raw}, **text}
+        inner.setdefault("model_type", wrapped.model_types[0])
+        note = f"language model of a {model_type} config ({key}); the other towers are not counted"
+        return inner, wrapped, (note,), {"scope": "language model", "wrapper": model_type}
+    if recipe is not None:
+        if "model_type" in raw and model_type not in recipe.model_types:
+            raise SymparamError(f"model_type: {model_type!r} is not a {recipe.family} config (that recipe reads {', '.join(recipe.model_types)})")
+        return raw, recipe, (), {}
+    if isinstance(model_type, str) and model_type in REGISTRY.by_type:
+        return raw, REGISTRY.for_model_type(model_type), (), {}
+    by_class = REGISTRY.for_class(raw.get("architectures"))
+    if by_class is not None:
+        cls = next(a for a in raw["architectures"] if a in by_class.architectures)
+        said = f"model_type {model_type!r} is not one symparam knows" if model_type is not None else "no model_type"
+        return raw, by_class, (f"read as {by_class.family}: {said}, and architectures names {cls}",), {}
+    return raw, REGISTRY.for_model_type(model_type), (), {}
+
+
 def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int] | None = None, name: str = "") -> Resolved:
-    """Flags and exact symbol values for `raw` (a config dict), read against its family's recipe."""
+    """Switches and exact symbol values for `raw` (a config dict), read against its family's recipe."""
     if not isinstance(raw, dict):
         raise SymparamError(f"config: expected a JSON object, got {type(raw).__name__}")
-    if recipe is None:
-        recipe = REGISTRY.for_model_type(raw.get("model_type"))
-    elif "model_type" in raw and raw["model_type"] not in recipe.model_types:
-        raise SymparamError(f"model_type: {raw['model_type']!r} is not a {recipe.family} config (that recipe reads {', '.join(recipe.model_types)})")
+    raw, recipe, notes, scope = unwrap(raw, recipe)
     config = {**recipe.defaults, **raw}
-    flags = {flag: truthy(config.get(key), key, recipe.defaults.get(key)) for flag, key in recipe.flag_keys().items()}
+    flags = recipe.switch_values(config)
     tree = recipe.build(flags)
     needed = {str(s) for s in tree.expr.free_symbols | tree.active.free_symbols}
-    if recipe.options["attention"]["kind"] == "mha":
-        needed |= {"h", "h_d"}  # d x d attention: transformers still splits d into h heads of h_d
-    values = _values(config, needed, dict(overrides or {}), recipe)
-    _consistency(values, needed | set(overrides or {}))
-    _whole_shapes(tree, values, as_subs(values))
-    return Resolved(recipe, flags, values, name or str(raw.get("_name_or_path", recipe.family)))
-
-
-def _values(config: dict[str, Any], needed: set[str], overrides: dict[str, int], recipe: Recipe) -> dict[str, int]:
-    values: dict[str, int] = {}
-    for symbol, value in overrides.items():
-        values[symbol] = _check(symbol, f"--set {symbol}", value)
-    for symbol in BY_NAME:
-        if symbol in values:
-            continue
-        key = next((k for k in recipe.config_keys(symbol) if config.get(k) is not None), None)
-        if key is not None:
-            values[symbol] = _check(symbol, key, config[key])
-    if "moe" in recipe.options and "N_dense" not in values:
-        values["N_dense"] = _dense_layers(recipe.options["moe"]["layers"], config, values)
-    if "N" in values and "N_swa" not in values:
-        values["N_swa"] = _sliding_layers(recipe.options.get("cache", {}), config, values)
+    overrides = dict(overrides or {})
+    for symbol in overrides:
+        if symbol not in recipe.symbols:
+            raise SymparamError(f"--set {symbol}: unknown symbol for {recipe.family}; known: {', '.join(recipe.symbols)}")
+    values = Values(recipe, config, overrides)
     for symbol in sorted(needed):
-        if symbol not in values:
-            values[symbol] = _fallback(symbol, values, recipe)
-    return values
+        values.get(symbol)
+    for symbol in _optional(recipe, tree):
+        values.get(symbol, required=False)
+    _check_lists(recipe, config, values.known)
+    _one_variant_per_layer(recipe, values)
+    _checks(recipe, values.known)
+    _whole_shapes(tree, values.known, as_subs(values.known))
+    return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope)
 
 
-def _check(symbol: str, field: str, value: Any, meaning: str = "") -> int:
-    low = 0 if symbol in MAY_BE_ZERO else 1
+def _optional(recipe: Recipe, tree: Term) -> list[str]:
+    """Symbols the model's facts and checks read (the window, head counts of a d x d attention): resolved where the config has them."""
+    from symparam.components import walk
+
+    found: set[str] = set()
+    for node, *_ in walk(tree):
+        for _, items in node.facts:
+            found |= {str(s) for _, v in items if isinstance(v, sp.Expr) for s in v.free_symbols}
+    for rule in recipe.checks:
+        found |= set(compile_rule(rule, "check").reads)
+    return sorted(found & set(recipe.symbols))
+
+
+class Values:
+    """Symbol values read from a config on demand: --set, layer rules, config keys, then defaults."""
+
+    def __init__(self, recipe: Recipe, config: dict[str, Any], overrides: dict[str, int]):
+        self.recipe = recipe
+        self.config = config
+        self.read = lookup_in(config)
+        self.known: dict[str, int] = {}
+        self.masks: dict[str, list[bool]] = {}
+        for symbol, value in overrides.items():
+            self.known[symbol] = _check(recipe, symbol, f"--set {symbol}", value)
+
+    def get(self, symbol: str, required: bool = True) -> int | None:
+        if symbol in self.known:
+            return self.known[symbol]
+        s = self.recipe.symbols[symbol]
+        if s.layers is not None:
+            value = sum(self.mask(symbol))
+        else:
+            key = next((k for k in s.keys if self.read(k) is not None), None)
+            if key is not None:
+                value = _check(self.recipe, symbol, key, self.read(key))
+            elif s.fallback is not None:
+                value = self._default(symbol, required)
+                if value is None:
+                    return None
+            elif required:
+                where = " or ".join(s.keys) if s.keys else symbol
+                raise SymparamError(f"{where}: missing ({s.meaning}); set it in the config or with --set {symbol}=...")
+            else:
+                return None
+        self.known[symbol] = value
+        return value
+
+    def mask(self, symbol: str) -> list[bool]:
+        """Which layers a layer-count symbol selects, by its rule over layer index i."""
+        if symbol not in self.masks:
+            layers = self.get("N")
+            rule = self.recipe.layer_symbols[symbol]
+            self.masks[symbol] = [bool(rule(self.read, i)) for i in range(layers)]
+        return self.masks[symbol]
+
+    def _default(self, symbol: str, required: bool) -> int | None:
+        s = self.recipe.symbols[symbol]
+        formula = parse(s.fallback, known=make)
+        inputs = sorted(str(x) for x in formula.free_symbols)
+        got = {name: self.get(name, required) for name in inputs}
+        if any(v is None for v in got.values()):
+            return None
+        result = formula.xreplace({make(n): sp.Integer(v) for n, v in got.items()})
+        if not result.is_Integer or result < (0 if s.zero else 1):
+            parts = ", ".join(f"{n}={v}" for n, v in got.items())
+            if not required:
+                return None
+            raise SymparamError(f"{' or '.join(s.keys) or symbol}: not set, and its default {s.fallback} is {result} for {parts}, not a {'non-negative' if s.zero else 'positive'} whole number")
+        return int(result)
+
+
+def _check(recipe: Recipe, symbol: str, field: str, value: Any) -> int:
+    s = recipe.symbols[symbol]
+    low = 0 if s.zero else 1
     if type(value) is not int or value < low:
         kind = "a non-negative" if low == 0 else "a positive"
-        raise SymparamError(f"{field}: expected {kind} integer ({meaning or BY_NAME[symbol].meaning}), got {value!r}")
+        raise SymparamError(f"{field}: expected {kind} integer ({s.meaning}), got {value!r}")
     return value
 
 
-def _fallback(symbol: str, values: dict[str, int], recipe: Recipe) -> int:
-    sym, keys = BY_NAME[symbol], recipe.config_keys(symbol)
-    if sym.fallback is None:
-        where = " or ".join(keys) if keys else symbol
-        raise SymparamError(f"{where}: missing ({sym.meaning}); set it in the config or with --set {symbol}=...")
-    formula = parse(sym.fallback)
-    inputs = {str(s) for s in formula.free_symbols}
-    for dep in sorted(inputs - set(values)):
-        values[dep] = _fallback(dep, values, recipe)
-    result = formula.subs({SYMBOLS[s]: values[s] for s in inputs})
-    if not result.is_Integer:
-        parts = ", ".join(f"{s}={values[s]}" for s in sorted(inputs))
-        raise SymparamError(f"{' or '.join(keys)}: not set, and its default {sym.fallback} is not a whole number for {parts}")
-    return int(result)
+def _check_lists(recipe: Recipe, config: dict[str, Any], values: dict[str, int]) -> None:
+    """Per-layer lists (layer_types, ...): one entry per layer, each a kind the family knows."""
+    read = lookup_in(config)
+    for key, spec in recipe.lists.items():
+        given = read(key)
+        if given is None:
+            continue
+        if not isinstance(given, list):
+            raise SymparamError(f"{key}: expected a list, got {json.dumps(given)}")
+        length = parse(spec["length"], known=make).xreplace(as_subs(values))
+        if length.is_Integer and len(given) != int(length):
+            raise SymparamError(f"{key}: has {len(given)} entries, expected {spec['length']} = {length}")
+        for i, kind in enumerate(given):
+            if spec["values"] is not None and kind not in spec["values"]:
+                raise SymparamError(f"{key}: unknown kind {kind!r} at layer {i}; known: {', '.join(spec['values'])}")
 
 
-def _dense_layers(layout: str, config: dict[str, Any], values: dict[str, int]) -> int:
-    """How many layers keep a dense FFN, by the family's layout rule."""
-    layers = values.get("N")
-    if layers is None:
-        return 0
-    if layout == "first_k_dense":
-        return min(_check("N_dense", "first_k_dense_replace", config.get("first_k_dense_replace", 0)), layers)
-    if layout == "sparse_step":
-        step = _check("N", "decoder_sparse_step", config.get("decoder_sparse_step", 1), "every how many layers one is MoE")
-        only = config.get("mlp_only_layers") or []  # null means none, as Qwen3MoeConfig reads it
-        if not isinstance(only, list) or not all(type(i) is int for i in only):
-            raise SymparamError(f"mlp_only_layers: expected a list of layer indices, got {only!r}")
-        return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
-    return 0
+def _one_variant_per_layer(recipe: Recipe, values: Values) -> None:
+    """A layer has at most one variant of each slot (a layer both dense and MoE is a rule error)."""
+    for slot in recipe.variant_slots():
+        masks = {name: values.mask(name) for name in slot if name in values.known}
+        for i in range(values.known.get("N", 0)):
+            chosen = [name for name, mask in masks.items() if mask[i]]
+            if len(chosen) > 1:
+                raise SymparamError(f"layer {i}: selected by both {chosen[0]} and {chosen[1]} rules; a layer has one of them")
 
 
-def _sliding_layers(rule: dict[str, Any], config: dict[str, Any], values: dict[str, int]) -> int:
-    """How many layers attend within a sliding window: config.json's layer_types, else the recipe's rule."""
-    kind, switch = rule.get("sliding", "none"), rule.get("window", True)
-    on = truthy(config.get(switch), switch) if isinstance(switch, str) else switch
-    if kind == "none" or not on or "W" not in values:
-        return 0
-    types = config.get("layer_types")
-    if kind != "all" and isinstance(types, list):
-        return min(sum(1 for t in types if t == "sliding_attention"), values["N"])
-    first = {"all": 0, "alternate": 0, "above_max_window_layers": config.get("max_window_layers", 0)}[kind]
-    step = 2 if kind == "alternate" else 1
-    if type(first) is not int or first < 0:
-        raise SymparamError(f"max_window_layers: expected a non-negative integer, got {first!r}")
-    return len(range(first, values["N"], step))
-
-
-def _consistency(values: dict[str, int], used: set[str]) -> None:
-    """Relations between the values the model uses that transformers needs (some of which it does not check itself)."""
-    if {"h", "h_kv"} <= used and values["h"] % values["h_kv"]:
-        raise SymparamError(f"num_key_value_heads: {values['h_kv']} does not divide num_attention_heads {values['h']}")
-    if {"n", "k"} <= used and values["k"] > values["n"]:
-        raise SymparamError(f"num_experts_per_tok: {values['k']} is more than the {values['n']} experts")
-    if {"N", "N_dense"} <= used and values["N_dense"] > values["N"]:
-        raise SymparamError(f"N_dense: {values['N_dense']} dense layers is more than the {values['N']} layers")
+def _checks(recipe: Recipe, values: dict[str, int]) -> None:
+    """The recipe's relations between values ("h % h_kv == 0"), where the config sets every value they read."""
+    for text, message in recipe.checks.items():
+        rule = compile_rule(text, f"{recipe.source}: [checks]")
+        if set(rule.reads) <= set(values) and not rule(values.get):
+            raise SymparamError(message.format(**values))
 
 
 def _whole_shapes(term: Term, values: dict[str, int], subs: dict[sp.Symbol, sp.Integer], path: str = "") -> None:
     """Every tensor dimension must be a whole number at these values (d*h_kv/h with h not dividing d is not)."""
-    path = f"{path}.{term.key}" if path else term.key
+    path = f"{path}.{term.key}" if path and term.key else path or term.key
     for dim in term.shape:
         size = dim.xreplace(subs)
-        if not size.is_Integer:
+        if not size.is_Integer or size < 0:
             used = ", ".join(f"{s}={values[str(s)]}" for s in sorted(dim.free_symbols, key=str))
             raise SymparamError(f"{path}: its size {dim} is {size} at {used}, not a whole number")
     for child in term.children:
@@ -183,4 +261,7 @@ def _whole_shapes(term: Term, values: dict[str, int], subs: dict[sp.Symbol, sp.I
 
 def as_subs(values: Mapping[str, int]) -> dict[sp.Symbol, sp.Integer]:
     """Symbol values keyed by the SymPy symbols, ready for `.subs`."""
-    return {SYMBOLS[name]: sp.Integer(v) for name, v in values.items()}
+    return {make(name): sp.Integer(v) for name, v in values.items()}
+
+
+__all__ = ["Resolved", "Values", "presets", "read_preset", "read_config", "loads", "resolve", "as_subs"]

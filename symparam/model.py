@@ -10,11 +10,13 @@ from typing import Any
 
 import sympy as sp
 
-from symparam.components import EMBEDDINGS, Term, breakdown
+from dataclasses import replace
+
+from symparam.components import Term, breakdown, leaves, tensors
 from symparam.config import Resolved, as_subs, read_config, read_preset, resolve
 from symparam.errors import SymparamError
 from symparam.recipes import REGISTRY, Recipe
-from symparam.symbols import SYMBOLS, evaluate, latex
+from symparam.symbols import evaluate, latex, make
 
 
 @dataclass(frozen=True)
@@ -25,11 +27,12 @@ class Count:
     active: int  # what one token uses: routed experts it does not visit left out
     components: dict[str, int]  # bucket -> total
     active_components: dict[str, int]  # bucket -> active
+    lookup: int = 0  # active parameters in lookup tables (token and position embeddings): read by index, not multiplied
 
     @property
     def active_without_embedding(self) -> int:
-        """Active parameters less the input (and position) embedding tables, as vendors often quote."""
-        return self.active - sum(self.active_components.get(c, 0) for c in EMBEDDINGS)
+        """Active parameters less the embedding tables, as vendors often quote."""
+        return self.active - self.lookup
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -41,12 +44,23 @@ class Count:
         }
 
 
+def prune(term: Term, zero: Mapping[sp.Symbol, sp.Integer]) -> Term | None:
+    """The tree without what a config does not build: layer counts that are 0 set to 0, groups of 0 copies dropped."""
+    times = term.times.xreplace(zero)
+    if times == 0:
+        return None
+    children = tuple(t for t in (prune(c, zero) for c in term.children) if t is not None)
+    if term.children and not children:
+        return None
+    return replace(term, times=times, active_times=term.active_times.xreplace(zero), children=children)
+
+
 class Model:
     """One architecture (a recipe with its switches set) as SymPy expressions, optionally with values."""
 
     def __init__(self, recipe: Recipe, flags: Mapping[str, bool] | None = None, values: Mapping[str, int] | None = None, name: str = ""):
         self.recipe = recipe
-        self.flags = {**recipe.default_flags(), **(flags or {})}
+        self.flags = {**recipe.default_switches(), **(flags or {})}
         self.values = dict(values) if values is not None else None
         self.name = name or recipe.title
 
@@ -56,8 +70,17 @@ class Model:
 
     @cached_property
     def tree(self) -> Term:
-        """The component tree every figure is computed from."""
-        return self.recipe.build(self.flags)
+        """The component tree every figure is computed from: with values, only the parts that config builds."""
+        tree = self.recipe.build(self.flags)
+        if self.values is None:
+            return tree
+        zero = {make(name): sp.Integer(0) for name in self.recipe.layer_symbols if self.values.get(name) == 0}
+        return prune(tree, zero) or tree
+
+    @cached_property
+    def tensors(self) -> dict[str, sp.Expr]:
+        """Parameter elements per tensor name (transformers' names, layer and expert indices left out)."""
+        return tensors(self.tree)
 
     @cached_property
     def total(self) -> sp.Expr:
@@ -82,7 +105,7 @@ class Model:
     def symbols(self) -> list[sp.Symbol]:
         """The symbols the total depends on, in vocabulary order."""
         free = self.total.free_symbols | self.active.free_symbols
-        return [s for s in SYMBOLS.values() if s in free]
+        return [make(name) for name in self.recipe.symbols if make(name) in free]
 
     def substitution(self, values: Mapping[Any, int] | None = None) -> dict[sp.Symbol, int]:
         """Values for every symbol of the model, from `values` or the model's own config."""
@@ -106,6 +129,7 @@ class Model:
             active=exact(self.active),
             components={c: exact(e) for c, e in self.components.items()},
             active_components={c: exact(e) for c, e in self.active_components.items()},
+            lookup=exact(sum((copies * leaf.each for leaf, copies, _, _ in leaves(self.tree, active=True) if leaf.lookup), sp.Integer(0))),
         )
 
     def _repr_latex_(self) -> str:

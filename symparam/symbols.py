@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import ast
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import sympy as sp
@@ -21,8 +20,10 @@ class SymbolDef:
     name: str  # Python name, also the name used in recipes and `--set`
     latex: str  # how it prints in derivations
     meaning: str  # one phrase, used in tables of derivations
-    keys: tuple[str, ...] = ()  # config.json keys, first present wins
-    fallback: str | None = None  # formula over other symbols when no key is present
+    keys: tuple[str, ...] = ()  # config.json keys (dotted for nested tables), first present wins
+    fallback: str | None = None  # formula over other symbols (or an integer) when no key is present
+    layers: str | None = None  # a layer-count symbol: the rule over layer index i that selects its layers
+    zero: bool = False  # may be zero (a layer count, shared experts); other dimensions are positive
 
 
 TABLE: tuple[SymbolDef, ...] = (
@@ -36,8 +37,8 @@ TABLE: tuple[SymbolDef, ...] = (
     SymbolDef("n", "n", "routed experts", ("num_experts", "num_local_experts", "n_routed_experts")),
     SymbolDef("k", "k", "experts per token", ("num_experts_per_tok",)),
     SymbolDef("d_moe", "d_{moe}", "expert FFN inner size", ("moe_intermediate_size",)),
-    SymbolDef("n_s", "n_s", "shared experts", ("n_shared_experts",)),
-    SymbolDef("N_dense", "N_{dense}", "dense (non-MoE) decoder layers; from the family's layer layout rule"),
+    SymbolDef("n_s", "n_s", "shared experts", ("n_shared_experts",), zero=True),
+    SymbolDef("N_dense", "N_{dense}", "dense (non-MoE) decoder layers", layers="False", zero=True),
     SymbolDef("P", "P", "learned positions", ("n_positions", "max_position_embeddings")),
     SymbolDef("r_q", "r_q", "query low-rank dimension (MLA)", ("q_lora_rank",)),
     SymbolDef("r_kv", "r_{kv}", "key/value latent dimension (MLA)", ("kv_lora_rank",)),
@@ -46,19 +47,37 @@ TABLE: tuple[SymbolDef, ...] = (
     SymbolDef("d_v", "d_v", "per-head value dimension (MLA)", ("v_head_dim",)),
     SymbolDef("g", "g", "query heads per key/value head, h/h_kv"),
     SymbolDef("W", "W", "sliding attention window, in tokens", ("sliding_window",)),
-    SymbolDef("N_swa", "N_{swa}", "decoder layers with sliding-window attention (derived from the recipe's rule)"),
+    SymbolDef("N_swa", "N_{swa}", "decoder layers with sliding-window attention", layers="False", zero=True),
     SymbolDef("S", "S", "tokens in context (sequence length)"),
     SymbolDef("B", "B", "sequences in a batch"),
     SymbolDef("b", "b", "bytes per stored value (by dtype)"),
 )
 
-BY_NAME: dict[str, SymbolDef] = {s.name: s for s in TABLE}
-assert len(BY_NAME) == len(TABLE), "duplicate symbol name"
 
-SYMBOLS: dict[str, sp.Symbol] = {
-    s.name: sp.Symbol(s.name, integer=True, positive=True) for s in TABLE
-}
-LATEX_NAMES: dict[sp.Symbol, str] = {SYMBOLS[s.name]: s.latex for s in TABLE}
+def make(name: str) -> sp.Symbol:
+    """The SymPy symbol called `name`: a positive integer (equal to every other symbol of that name)."""
+    return sp.Symbol(name, integer=True, positive=True)
+
+
+BY_NAME: dict[str, SymbolDef] = {}
+SYMBOLS: dict[str, sp.Symbol] = {}
+LATEX_NAMES: dict[sp.Symbol, str] = {}
+
+
+def define(s: SymbolDef) -> sp.Symbol:
+    """Add a symbol to the vocabulary (recipes add their own); the same name with another LaTeX name is an error."""
+    known = BY_NAME.get(s.name)
+    if known is not None and known.latex != s.latex:
+        raise SymparamError(f"symbol {s.name!r}: LaTeX {s.latex!r} differs from its earlier definition {known.latex!r}")
+    if known is None:
+        BY_NAME[s.name] = s
+        SYMBOLS[s.name] = make(s.name)
+        LATEX_NAMES[SYMBOLS[s.name]] = s.latex
+    return SYMBOLS[s.name]
+
+
+for _s in TABLE:
+    define(_s)
 
 N, V, d, d_ff, h, h_kv, h_d = (SYMBOLS[x] for x in ("N", "V", "d", "d_ff", "h", "h_kv", "h_d"))
 n, k, d_moe, n_s, N_dense, P = (SYMBOLS[x] for x in ("n", "k", "d_moe", "n_s", "N_dense", "P"))
@@ -67,27 +86,38 @@ W, N_swa, S, B, b = (SYMBOLS[x] for x in ("W", "N_swa", "S", "B", "b"))
 
 
 def symbol(name: str) -> sp.Symbol:
-    """The canonical symbol called `name`; an unknown name is a SymparamError."""
+    """The symbol called `name`; a name no table defines is a SymparamError."""
     if name not in SYMBOLS:
         raise SymparamError(f"unknown symbol {name!r}; known: {', '.join(SYMBOLS)}")
     return SYMBOLS[name]
 
 
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_OPERATORS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+}
 
 
-def parse(formula: str) -> sp.Expr:
-    """A formula such as "4*d" or "d_moe*n_s" as an expression; only symbols, integers and + - * /."""
+def parse(formula: str | int, names: Mapping[str, sp.Expr] | None = None, known: Callable[[str], sp.Expr] = symbol) -> sp.Expr:
+    """A formula such as "4*d" or "2*h_kv*h_d" as an expression: symbols (or `names`), integers and + - * / ** // %."""
+    if type(formula) is int:
+        return sp.Integer(formula)
 
     def walk(node: ast.AST) -> sp.Expr:
         if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
             return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.right, ast.Constant) and type(node.right.value) is int:
+            return walk(node.left) ** node.right.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return sp.Integer(node.value)
         if isinstance(node, ast.Name):
-            return symbol(node.id)
-        raise SymparamError(f"formula {formula!r}: only symbols, integers and + - * / are allowed")
+            return names[node.id] if names is not None and node.id in names else known(node.id)
+        raise SymparamError(f"formula {formula!r}: only symbols, integers and + - * / ** // % are allowed")
 
+    if not isinstance(formula, str):
+        raise SymparamError(f"formula {formula!r}: expected a formula such as \"4*d\"")
     try:
         tree = ast.parse(formula, mode="eval")
     except SyntaxError:
@@ -97,7 +127,7 @@ def parse(formula: str) -> sp.Expr:
 
 def evaluate(expr: sp.Expr, values: Mapping[Any, int], what: str = "") -> int:
     """`expr` at `values` (keyed by symbol or name) as an exact int; a fraction is a SymparamError."""
-    subs = {symbol(str(key)): sp.Integer(v) for key, v in values.items()}
+    subs = {key if isinstance(key, sp.Symbol) else make(str(key)): sp.Integer(v) for key, v in values.items()}
     result = sp.sympify(expr).xreplace(subs)
     if not result.is_Integer:
         raise SymparamError(f"{what or expr}: {result} is not a whole number at these values")
@@ -109,4 +139,4 @@ def latex(expr: sp.Expr) -> str:
     return sp.latex(expr, symbol_names=LATEX_NAMES)
 
 
-__all__ = ["TABLE", "BY_NAME", "SYMBOLS", "SymbolDef", "symbol", "parse", "evaluate", "latex"] + list(SYMBOLS)
+__all__ = ["TABLE", "BY_NAME", "SYMBOLS", "SymbolDef", "define", "make", "symbol", "parse", "evaluate", "latex"] + [s.name for s in TABLE]

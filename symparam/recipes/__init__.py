@@ -1,11 +1,18 @@
-"""Architecture recipes: TOML files that compose the components, and the registry that refuses duplicates."""
+"""Architecture recipes: TOML data (symbols, switches, blocks of tensors, layer rules) composed into term trees.
+
+A recipe starts from the built-in library `_library.toml` (transformers' Llama layout), or from the recipe it
+`extends`, and merges its own tables over it: `[blocks.X]` entry by entry (an entry set to false removes it),
+`[symbols]`, `[switches]`, `[defaults]` and the rest key by key. LANGUAGE.md beside this file is the reference.
+"""
 
 from __future__ import annotations
 
 import re
-import json
+import string
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -14,179 +21,520 @@ import sympy as sp
 
 from symparam import components as c
 from symparam.errors import SymparamError
-from symparam.symbols import BY_NAME, N, N_dense, parse
+from symparam.rules import Rule, compile_rule
+from symparam.symbols import BY_NAME, TABLE, SymbolDef, define, make, parse
 
-FLAG = "flag"  # an option that is true, false, or the name of a config key that says which
-FORMULA = "formula"  # an option that is a formula over symbols, such as "n_s*d_moe"
-
-# Every section a recipe may have, its options, their kinds or allowed values, and their defaults.
-SCHEMA: dict[str, dict[str, tuple[Any, Any]]] = {
-    "embedding": {"positions": (FLAG, False)},
-    "attention": {
-        "kind": (("gqa", "mha", "mla"), "gqa"),
-        "qkv_bias": (FLAG, False),
-        "o_bias": (FLAG, False),
-        "qk_norm": (("none", "head", "full"), "none"),
-        "sinks": (FLAG, False),
-        "fused": (FLAG, False),
-        "q_lora": (FLAG, False),
-    },
-    "ffn": {"kind": (("gated", "plain"), "gated"), "size": (FORMULA, "d_ff"), "bias": (FLAG, False), "fused": (FLAG, False)},
-    "moe": {
-        "layers": (("all", "first_k_dense", "sparse_step"), "all"),
-        "kind": (("gated", "plain"), "gated"),
-        "size": (FORMULA, "d_moe"),
-        "bias": (FLAG, False),
-        "router_bias": (FLAG, False),
-        "shared": (FORMULA, None),
-        "shared_bias": (FLAG, False),  # shared experts are dense MLPs: DeepSeek-V2 gives them mlp_bias, routed experts none
-    },
-    "norm": {"kind": (("rms", "layer"), "rms"), "per_layer": (int, 2), "final": (FLAG, True)},
-    "lm_head": {"tied": (FLAG, False)},
-    # Which layers attend within a sliding window W (KV cache and FLOPs), when config.json has no layer_types:
-    # none; all (every layer, once sliding_window is set); alternate (layers 0, 2, 4, ...);
-    # above_max_window_layers (layers i >= max_window_layers). `window` says whether the window is on at all.
-    "cache": {"sliding": (("none", "all", "alternate", "above_max_window_layers"), "none"), "window": (FLAG, True)},
+LIBRARY = "_library.toml"
+ROOT = "causal_lm"  # the block a model is built from
+TOP_LEVEL = {"family", "title", "model_types", "architectures", "wrappers", "summary", "extends", "defaults", "symbols",
+             "switches", "blocks", "lists", "checks", "names", "zh"}
+OWN = ("family", "title", "model_types", "architectures", "wrappers", "summary")  # never inherited through `extends`
+ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
+                "buffer", "lookup", "layers"}
+BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend"}
+FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
+    "cache": ({"per_token", "windowed"}, {"what"}),  # values one token leaves per copy; `windowed` of the copies keep only W
+    "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
+    "attend": ({"qk", "v"}, set()),  # widths a query scores against and sums per attended position
 }
-TOP_LEVEL = {"family", "title", "model_types", "summary", "defaults", "keys", "names"}
-# [names] tables: how checkpoints name this family's tensors, as regex -> replacement (verify.py reads them).
-NAME_TABLES = ("rename", "not_parameters")
+SYMBOL_FIELDS = {"latex", "meaning", "keys", "default", "layers", "zero", "zh"}
+NAME_TABLES = ("rename", "not_parameters")  # [names]: how checkpoints name tensors, regex -> replacement (verify.py)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of a block: a tensor (shape) or a sub-block, with its switch, copies and words."""
+
+    key: str  # module or tensor name as transformers has it
+    block: str | None
+    shape: tuple[str, ...]
+    args: dict[str, Any]  # the sub-block's arguments given here
+    when: Rule | None
+    times: str | None
+    active: str | None
+    count: str | None  # a layer variant: the layer-count symbol of the layers that have it
+    component: str | None
+    label: str | None
+    note: str
+    tied: Rule | None
+    buffer: bool
+    lookup: bool
+    layers: bool  # the decoder-layer stack: entries inside may be variants chosen per layer
+
+
+@dataclass(frozen=True)
+class Block:
+    """A module: its arguments with defaults, its words and facts, and its entries in module order."""
+
+    name: str
+    args: dict[str, Any]  # name -> default: a formula (str or int), or a condition (true, false, a switch rule)
+    flags: frozenset[str]  # the arguments that are conditions
+    meta: dict[str, Any]  # component, label, note, cache, state, attend
+    entries: tuple[tuple[str, Entry | tuple[Entry, ...]], ...]  # key -> entry, or the variants of one slot
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """One architecture family: its options per section and the library defaults its configs omit."""
+    """One architecture family: its vocabulary, switches, blocks and the library defaults its configs omit."""
 
     family: str  # canonical name, e.g. "qwen3_moe"
     title: str  # human name, e.g. "Qwen3-MoE"
     model_types: tuple[str, ...]  # config.json model_type values it reads
     summary: str  # one line on what sets the family apart
-    options: dict[str, dict[str, Any]]  # section -> option -> value (literal, config key, or formula)
+    symbols: dict[str, SymbolDef]  # every symbol it may use, with this family's keys, defaults and layer rules
+    switches: dict[str, Rule]  # name -> rule over the config
+    blocks: dict[str, Block]
     defaults: dict[str, Any] = field(default_factory=dict)  # config key -> transformers' default
+    architectures: tuple[str, ...] = ()  # class names read as this family when the model_type is unknown
+    wrappers: dict[str, dict[str, Any]] = field(default_factory=dict)  # multimodal model_type -> {config, keep}
+    lists: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-layer config lists: length formula, values
+    checks: dict[str, str] = field(default_factory=dict)  # rule over symbol values -> message when it fails
+    names: dict[str, dict[str, str]] = field(default_factory=dict)  # [names.rename] / [names.not_parameters]
+    zh: dict[str, str] = field(default_factory=dict)  # English words of this recipe -> Chinese
     source: str = ""  # where the recipe was read from
-    names: dict[str, dict[str, str]] = field(default_factory=dict)  # [names.rename] / [names.not_parameters]: regex -> text
-    keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # symbol -> the config keys this family reads it from
 
     def config_keys(self, symbol: str) -> tuple[str, ...]:
-        """The config keys a symbol is read from: the family's own list, else the symbol table's."""
-        return self.keys.get(symbol, BY_NAME[symbol].keys)
+        """The config keys a symbol is read from in this family."""
+        return self.symbols[symbol].keys
 
-    def flag_keys(self) -> dict[str, str]:
-        """Config keys the recipe's flags read, as "section.option" -> key."""
-        return {
-            f"{sec}.{opt}": val
-            for sec, opts in self.options.items()
-            for opt, val in opts.items()
-            if SCHEMA[sec][opt][0] == FLAG and isinstance(val, str)
-        }
+    @cached_property
+    def layer_symbols(self) -> dict[str, Rule]:
+        """Layer-count symbols and their rules over layer index i (N_dense, N_swa, N_linear, ...)."""
+        return {name: compile_rule(s.layers, f"{self.source}: [symbols] {name}.layers") for name, s in self.symbols.items() if s.layers is not None}
 
-    def default_flags(self) -> dict[str, bool]:
-        """Flags as the library defaults set them."""
-        return {name: truthy(self.defaults.get(key), key, self.defaults.get(key)) for name, key in self.flag_keys().items()}
+    def switch_values(self, config: Mapping[str, Any]) -> dict[str, bool]:
+        """Every switch read against a config (defaults filled in); a null where the library has a bool is an error."""
+        from symparam.rules import lookup_in
 
-    @property
-    def has_moe(self) -> bool:
-        return "moe" in self.options
-
-    @property
-    def has_dense(self) -> bool:
-        return not self.has_moe or self.options["moe"]["layers"] != "all"
-
-    def resolved(self, flags: dict[str, bool] | None = None) -> dict[str, dict[str, Any]]:
-        """Every option with its flag resolved (defaults where `flags` is silent) and formulas parsed."""
-        flags = {**self.default_flags(), **(flags or {})}
-
-        def opt(section: str, name: str, value: Any) -> Any:
-            kind = SCHEMA[section][name][0]
-            if kind == FLAG and isinstance(value, str):
-                return flags[f"{section}.{name}"]
-            if kind == FORMULA and value is not None:
-                return parse(value)
-            return value
-
-        return {sec: {name: opt(sec, name, value) for name, value in opts.items()} for sec, opts in self.options.items()}
-
-    def layer_groups(self) -> list[tuple[str, sp.Expr]]:
-        """The decoder layer kinds, ("dense", count) and/or ("moe", count), in order: dense layers come first."""
-        if self.has_dense and self.has_moe:
-            return [("dense", N_dense), ("moe", N - N_dense)]
-        return [("moe" if self.has_moe else "dense", N)]
-
-    def build(self, flags: dict[str, bool] | None = None) -> c.Term:
-        """The model tree with every flag resolved (defaults where `flags` is silent)."""
-        opts = self.resolved(flags)
-        norms = opts["norm"]
-        attention = c.attention(**opts["attention"])
-        layers = []
-        for kind, count in self.layer_groups():
-            if kind == "dense":
-                layers.append(c.decoder_layers("layers", "dense decoder layer", count, norms["kind"], norms["per_layer"], attention, c.ffn(**opts["ffn"])))
+        read = lookup_in(config)
+        out = {}
+        for name, rule in self.switches.items():
+            key = rule.text
+            if key in config or key in self.defaults:
+                out[name] = truthy(read(key), key, self.defaults.get(key))
             else:
-                experts = {name: value for name, value in opts["moe"].items() if name != "layers"}
-                layers.append(c.decoder_layers("layers", "MoE decoder layer", count, norms["kind"], norms["per_layer"], attention, c.moe(**experts)))
-        final = norms["kind"] if norms["final"] else None
-        return c.group("model", self.title, [*c.embedding(opts["embedding"]["positions"]), *layers, *c.head(opts["lm_head"]["tied"], final)])
+                out[name] = bool(rule(read))
+        return out
+
+    def default_switches(self) -> dict[str, bool]:
+        """Switches as the library defaults set them."""
+        return self.switch_values(self.defaults)
+
+    def variant_slots(self) -> list[tuple[str, ...]]:
+        """The count symbols of each slot's conditional variants: one layer may be in at most one per slot."""
+        return [tuple(v.count for v in entry if v.count) for block in self.blocks.values() for _, entry in block.entries if isinstance(entry, tuple)]
+
+    def build(self, switches: Mapping[str, bool] | None = None) -> c.Term:
+        """The model tree with every switch set (library defaults where `switches` is silent)."""
+        return _Builder(self, {**self.default_switches(), **(switches or {})}).block(ROOT, "", {}, {})
 
 
 def truthy(value: Any, key: str, default: Any = None) -> bool:
     """A config value that switches a part on or off: a bool (where the default is one), else also null or a size."""
+    import json
+
     if isinstance(default, bool) and not isinstance(value, bool):
         raise SymparamError(f"{key}: expected true or false, got {json.dumps(value)}")
     if value is None or isinstance(value, bool):
         return bool(value)
-    if isinstance(value, int) and value > 0:
-        return True
-    raise SymparamError(f"{key}: expected true, false, null or a positive integer, got {value!r}")
+    if isinstance(value, int) and value >= 0:
+        return value > 0
+    raise SymparamError(f"{key}: expected true, false, null or a non-negative integer, got {value!r}")
 
 
-def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
-    """A validated Recipe from a parsed TOML table; every unknown name is an error naming it."""
-    unknown = set(data) - TOP_LEVEL - set(SCHEMA)
-    if unknown:
-        raise SymparamError(f"{source}: unknown section {sorted(unknown)[0]!r}; known: {', '.join(sorted(TOP_LEVEL | set(SCHEMA)))}")
-    for required in ("family", "model_types"):
-        if required not in data:
-            raise SymparamError(f"{source}: missing {required!r}")
-    options = {}
-    for sec, schema in SCHEMA.items():
-        if sec == "moe" and sec not in data:
-            continue
-        given = data.get(sec, {})
-        if not isinstance(given, dict):
-            raise SymparamError(f"{source}: [{sec}] must be a table")
-        for name in set(given) - set(schema):
-            raise SymparamError(f"{source}: [{sec}] unknown option {name!r}; known: {', '.join(schema)}")
-        options[sec] = {name: _check_option(source, sec, name, given.get(name, default), kind) for name, (kind, default) in schema.items()}
-    types = data["model_types"]
-    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-        raise SymparamError(f"{source}: model_types must be a list of strings")
-    return Recipe(
-        family=str(data["family"]),
-        title=str(data.get("title", data["family"])),
-        model_types=tuple(types),
-        summary=str(data.get("summary", "")),
-        options=options,
-        defaults=dict(data.get("defaults", {})),
-        source=source,
-        names=_check_names(source, data.get("names", {})),
-        keys=_check_keys(source, data.get("keys", {})),
+class _Builder:
+    """Instantiates blocks into Terms for one set of switches."""
+
+    def __init__(self, recipe: Recipe, switches: Mapping[str, bool]):
+        self.recipe = recipe
+        self.switches = switches
+
+    def on(self, rule: Rule | None, env: Mapping[str, Any]) -> bool:
+        if rule is None:
+            return True
+        return bool(rule(lambda name: env[name] if name in env else self.switches[name]))
+
+    def formula(self, text: Any, env: Mapping[str, Any]) -> sp.Expr:
+        return parse(text, {k: v for k, v in env.items() if isinstance(v, sp.Expr)}, make)
+
+    def bind(self, block: Block, entry: Entry, env: Mapping[str, Any]) -> dict[str, Any]:
+        """The sub-block's argument values: given in the entry (in the caller's terms) or its defaults (in its own)."""
+        bound: dict[str, Any] = {}
+        for name, default in block.args.items():
+            given = entry.args.get(name)
+            if name in block.flags:
+                value = default if given is None else given
+                bound[name] = value if isinstance(value, bool) else self.on(compile_rule(value, name), env if given is not None else {})
+            else:
+                bound[name] = self.formula(default, bound) if given is None else self.formula(given, env)
+        return bound
+
+    def words(self, text: str | None, env: Mapping[str, Any]) -> str:
+        return string.Template(text or "").safe_substitute({k: v for k, v in env.items() if isinstance(v, str)})
+
+    def block(self, name: str, key: str, env: Mapping[str, Any], words: Mapping[str, Any], hoist: list | None = None,
+              count: sp.Expr | None = None, path: str = "") -> c.Term:
+        """One block instance; inside the layer stack, variant slots go to `hoist` as [count, path in the layer, term]."""
+        block = self.recipe.blocks[name]
+        env = {**env, **{k: v for k, v in words.items() if isinstance(v, str)}}
+        children = []
+        for entry_key, spec in block.entries:
+            if isinstance(spec, tuple):
+                if hoist is None:
+                    raise SymparamError(f"{self.recipe.source}: [blocks.{name}] {entry_key}: variants are only allowed inside the layer stack")
+                self.variants(spec, env, hoist, count, path)
+                continue
+            term = self.entry(spec, env, hoist, count, path)
+            if term is not None:
+                children.append(term)
+        meta = block.meta
+        facts = tuple((fact, tuple((k, self.formula(v, env) if k in FACTS[fact][0] else self.words(v, env)) for k, v in sorted(meta[fact].items())))
+                      for fact in FACTS if fact in meta)
+        return c.Term(key=key, label=self.words(words.get("label") or meta.get("label") or name, env),
+                      note=self.words(words.get("note") or meta.get("note", ""), env),
+                      children=tuple(children), component=words.get("component") or meta.get("component"), facts=facts)
+
+    def entry(self, e: Entry, env: Mapping[str, Any], hoist: list | None, count: sp.Expr | None, path: str) -> c.Term | None:
+        """A tensor or a sub-block instance, or None where its switch is off."""
+        if not self.on(e.when, env):
+            return None
+        if e.shape:
+            return c.Term(key=e.key, label=self.words(e.label or e.key, env), note=self.words(e.note, env),
+                          shape=tuple(self.formula(s, env) for s in e.shape), component=e.component,
+                          tied=self.on(e.tied, env) if e.tied else False, buffer=e.buffer, lookup=e.lookup)
+        block = self.recipe.blocks[e.block]
+        args = self.bind(block, e, env)
+        words = {"label": e.label, "note": e.note, "component": e.component}
+        if e.layers:
+            return self.stack(e, args, words)
+        term = self.block(e.block, e.key, args, words, hoist, count, f"{path}.{e.key}" if path else e.key)
+        times = self.formula(e.times, env) if e.times else c.ONE
+        return replace(term, times=times, active_times=self.formula(e.active, env) if e.active else times)
+
+    def variants(self, spec: tuple[Entry, ...], env: Mapping[str, Any], hoist: list, count: sp.Expr, path: str) -> None:
+        """A slot whose module differs by layer: each conditional variant counts its layers; the last may take the rest."""
+        rest = count
+        for v in spec:
+            n = make(v.count) if v.count else rest
+            rest = rest - n
+            at = len(hoist)
+            term = self.entry(v, env, hoist, n, path)
+            if term is not None:
+                hoist.insert(at, [n, f"{path}.{v.key}" if path else v.key, term])
+
+    def stack(self, e: Entry, args: Mapping[str, Any], words: Mapping[str, Any]) -> c.Term:
+        """The decoder layers: the layer block's parts grouped by how many layers have them (N, N_dense, N - N_dense, ...)."""
+        layers = self.formula(e.times or "N", {})
+        hoist: list = []
+        layer = self.block(e.block, "", args, words, hoist, layers)
+        groups: dict[sp.Expr, list[c.Term]] = {}
+        for n, key, term in [(layers, t.key, t) for t in layer.children] + hoist:
+            groups.setdefault(n, []).append(replace(term, key=key))
+        one = len(groups) == 1  # a single kind is the stack itself; several sit in it unnamed (model.layers.<module>)
+        kinds = [c.group(e.key if one else "", layer.label if n == layers else _layers_label(n, terms), terms, times=n, component=layer.component)
+                 for n, terms in groups.items()]
+        return kinds[0] if one else c.group(e.key, layer.label, kinds)
+
+
+def _layers_label(count: sp.Expr, terms: list[c.Term]) -> str:
+    """A layer group's name: its count symbol's meaning, else what its modules are."""
+    if isinstance(count, sp.Symbol) and str(count) in BY_NAME:
+        return BY_NAME[str(count)].meaning
+    return "layers with " + ", ".join(t.label for t in terms)
+
+
+# ---------------------------------------------------------------- parsing and validation
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged onto `base`: tables key by key, [blocks.X] entry by entry (false removes), lists replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if key == "blocks" and isinstance(value, dict):
+            blocks = dict(base.get("blocks", {}))
+            for name, table in value.items():
+                if isinstance(table, dict) and isinstance(blocks.get(name), dict):
+                    merged = {**blocks[name], **table}
+                    blocks[name] = {k: v for k, v in merged.items() if v is not False or k in BLOCK_META}
+                else:
+                    blocks[name] = table
+            out["blocks"] = blocks
+        elif key == "symbols" and isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = {**base[key], **{n: {**base[key].get(n, {}), **s} if isinstance(s, dict) else s for n, s in value.items()}}
+        elif isinstance(value, dict) and isinstance(base.get(key), dict) and key != "names":
+            out[key] = {**base[key], **value}
+        elif key == "names" and isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = {t: {**base[key].get(t, {}), **(value.get(t) or {})} for t in set(base[key]) | set(value)}
+        else:
+            out[key] = value
+    return out
+
+
+def _table(data: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise SymparamError(f"{source}: [{key}] must be a table")
+    return value
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SymparamError(f"{where}: expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
+    """The global vocabulary with this recipe's additions and overrides (keys, default, layer rule)."""
+    table = {s.name: s for s in TABLE}
+    for name, spec in _table(data, "symbols", source).items():
+        where = f"{source}: [symbols] {name}"
+        if not isinstance(spec, dict):
+            raise SymparamError(f"{where}: expected a table such as {{ latex = ..., meaning = ..., keys = [...] }}")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) or name == "i":
+            raise SymparamError(f"{where}: not a valid symbol name")
+        for unknown in set(spec) - SYMBOL_FIELDS:
+            raise SymparamError(f"{where}: unknown field {unknown!r}; known: {', '.join(sorted(SYMBOL_FIELDS))}")
+        base = table.get(name) or BY_NAME.get(name)
+        if base is None and not {"latex", "meaning"} <= set(spec):
+            raise SymparamError(f"{where}: a new symbol needs latex and meaning")
+        default = spec.get("default", base.fallback if base else None)
+        if default is not None and type(default) is not int and not isinstance(default, str):
+            raise SymparamError(f"{where}: default must be an integer or a formula, got {default!r}")
+        layers = spec.get("layers", base.layers if base else None)
+        if layers is not None:
+            compile_rule(layers, f"{where}.layers")
+        table[name] = SymbolDef(
+            name=name,
+            latex=str(spec.get("latex", base.latex if base else name)),
+            meaning=str(spec.get("meaning", base.meaning if base else "")),
+            keys=_strings(spec["keys"], f"{where}.keys") if "keys" in spec else (base.keys if base else ()),
+            fallback=None if default is None else str(default),
+            layers=None if layers is None else str(layers),
+            zero=bool(spec.get("zero", base.zero if base else layers is not None)),
+        )
+    for s in table.values():
+        define(SymbolDef(s.name, s.latex, s.meaning))
+    _no_cycles(table, source)
+    return table
+
+
+def _no_cycles(table: dict[str, SymbolDef], source: str) -> None:
+    """Symbol defaults must not depend on themselves (d_a = d_b, d_b = d_a)."""
+    deps = {}
+    for name, s in table.items():
+        try:
+            deps[name] = {str(x) for x in parse(s.fallback, known=make).free_symbols} if s.fallback else set()
+        except SymparamError as e:
+            raise SymparamError(f"{source}: [symbols] {name}.default: {e}") from None
+        for dep in deps[name] - set(table):
+            raise SymparamError(f"{source}: [symbols] {name}.default: unknown symbol {dep!r}")
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: tuple[str, ...]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = " -> ".join(trail[trail.index(name):] + (name,))
+            raise SymparamError(f"{source}: [symbols] defaults form a cycle: {cycle}")
+        state[name] = 1
+        for dep in sorted(deps[name]):
+            visit(dep, trail + (name,))
+        state[name] = 2
+
+    for name in table:
+        visit(name, ())
+
+
+def _entry(key: str, spec: Any, where: str) -> Entry:
+    if not isinstance(spec, dict):
+        raise SymparamError(f"{where}: expected a table with shape = [...] or block = \"...\", got {spec!r}")
+    if ("shape" in spec) == ("block" in spec):
+        raise SymparamError(f"{where}: give exactly one of shape (a tensor) and block (a module)")
+    if "shape" in spec:
+        shape = spec["shape"]
+        if not isinstance(shape, list) or not shape or not all(isinstance(s, (str, int)) and type(s) is not bool for s in shape):
+            raise SymparamError(f"{where}: shape must be a non-empty list of formulas, got {shape!r}")
+        unknown = set(spec) - ENTRY_FIELDS
+        if unknown:
+            raise SymparamError(f"{where}: unknown field {sorted(unknown)[0]!r} for a tensor")
+    for name in ("times", "active"):
+        if name in spec and not isinstance(spec[name], (str, int)):
+            raise SymparamError(f"{where}: {name} must be a formula, got {spec[name]!r}")
+    for name in ("buffer", "lookup", "layers"):
+        if name in spec and not isinstance(spec[name], bool):
+            raise SymparamError(f"{where}: {name} must be true or false")
+    return Entry(
+        key=str(spec.get("key", key)),
+        block=spec.get("block"),
+        shape=tuple(str(s) for s in spec.get("shape", ())),
+        args={k: v for k, v in spec.items() if k not in ENTRY_FIELDS},
+        when=compile_rule(spec["when"], f"{where}.when") if "when" in spec else None,
+        times=None if "times" not in spec else str(spec["times"]),
+        active=None if "active" not in spec else str(spec["active"]),
+        count=spec.get("count"),
+        component=spec.get("component"),
+        label=spec.get("label"),
+        note=str(spec.get("note", "")),
+        tied=compile_rule(spec["tied"], f"{where}.tied") if "tied" in spec else None,
+        buffer=bool(spec.get("buffer", False)),
+        lookup=bool(spec.get("lookup", False)),
+        layers=bool(spec.get("layers", False)),
     )
 
 
-def _check_keys(source: str, keys: Any) -> dict[str, tuple[str, ...]]:
-    """[keys]: symbol -> list of config keys, for a family that reads a symbol from other keys than usual."""
-    if not isinstance(keys, dict):
-        raise SymparamError(f"{source}: [keys] must be a table")
-    for name, given in keys.items():
-        if name not in BY_NAME:
-            raise SymparamError(f"{source}: [keys] unknown symbol {name!r}")
-        if not isinstance(given, list) or not all(isinstance(k, str) for k in given):
-            raise SymparamError(f"{source}: [keys] {name} must be a list of config keys")
-    return {name: tuple(given) for name, given in keys.items()}
+def _block(name: str, table: Any, source: str, switches: set[str]) -> Block:
+    where = f"{source}: [blocks.{name}]"
+    if not isinstance(table, dict):
+        raise SymparamError(f"{where}: must be a table")
+    args = table.get("args", {})
+    if not isinstance(args, dict) or not all(isinstance(v, (str, int, bool)) for v in args.values()):
+        raise SymparamError(f"{where} args: expected name = default (a formula or true/false)")
+    meta = {k: v for k, v in table.items() if k in BLOCK_META and k != "args"}
+    for fact in set(meta) & set(FACTS):
+        formulas, texts = FACTS[fact]
+        if not isinstance(meta[fact], dict) or set(meta[fact]) - formulas - texts:
+            raise SymparamError(f"{where} {fact}: expected a table of {', '.join(sorted(formulas | texts))}")
+    entries = []
+    for key, spec in table.items():
+        if key in BLOCK_META:
+            continue
+        if isinstance(spec, list):
+            variants = tuple(_entry(key, v, f"{where} {key}[{i}]") for i, v in enumerate(spec))
+            for i, v in enumerate(variants[:-1]):
+                if v.count is None:
+                    raise SymparamError(f"{where} {key}[{i}]: every variant but the last needs count = \"<layer-count symbol>\"")
+            entries.append((key, variants))
+        else:
+            entries.append((key, _entry(key, spec, f"{where} {key}")))
+    flags = frozenset(k for k, v in args.items() if isinstance(v, bool) or (isinstance(v, str) and set(compile_rule(v, f"{where} args.{k}").reads) <= switches))
+    return Block(name, dict(args), flags, meta, tuple(entries))
 
 
-def _check_names(source: str, names: Any) -> dict[str, dict[str, str]]:
-    """[names]: tables of regex -> text; every regex must compile."""
+def _validate(recipe: Recipe) -> None:
+    """Every name a recipe uses resolves: blocks, arguments, symbols, switches, count symbols; no block includes itself."""
+    src = recipe.source
+    symbols = set(recipe.symbols)
+    clash = symbols & set(recipe.switches)
+    if clash:
+        raise SymparamError(f"{src}: {sorted(clash)[0]!r} is both a symbol and a switch")
+
+    def known(where: str, names: set[str]):
+        def check(name: str) -> sp.Expr:
+            if name not in names:
+                raise SymparamError(f"{where}: unknown symbol {name!r}")
+            return make(name)
+        return check
+
+    def formulas(where: str, texts, block: Block) -> None:
+        sizes = set(block.args) - block.flags
+        for text in texts:
+            try:
+                parse(text, {k: make(k) for k in sizes}, known(where, symbols | sizes))
+            except SymparamError as e:
+                raise SymparamError(f"{where}: {e}") from None
+
+    def conditions(where: str, rule: Rule | None, block: Block) -> None:
+        flags = set(recipe.switches) | block.flags
+        for name in rule.reads if rule else ():
+            if name not in flags:
+                raise SymparamError(f"{where}: {name!r} is not a switch; known: {', '.join(sorted(flags))}")
+
+    for block in recipe.blocks.values():
+        where = f"{src}: [blocks.{block.name}]"
+        formulas(f"{where} args", [v for k, v in block.args.items() if k not in block.flags], block)
+        for fact in set(block.meta) & set(FACTS):
+            formulas(f"{where} {fact}", [v for k, v in block.meta[fact].items() if k in FACTS[fact][0]], block)
+        for key, spec in block.entries:
+            for e in spec if isinstance(spec, tuple) else (spec,):
+                at = f"{where} {key}"
+                conditions(f"{at}.when", e.when, block)
+                conditions(f"{at}.tied", e.tied, block)
+                formulas(f"{at}.shape", e.shape, block)
+                formulas(f"{at}.times", [x for x in (e.times, e.active) if x], block)
+                if e.count is not None and (e.count not in recipe.symbols or recipe.symbols[e.count].layers is None):
+                    raise SymparamError(f"{at}: count {e.count!r} is not a layer-count symbol (a [symbols] entry with layers = \"<rule>\")")
+                if e.block is None:
+                    continue
+                if e.block not in recipe.blocks:
+                    raise SymparamError(f"{at}: unknown block {e.block!r}; known: {', '.join(sorted(recipe.blocks))}")
+                sub = recipe.blocks[e.block]
+                for arg, value in e.args.items():
+                    if arg not in sub.args:
+                        raise SymparamError(f"{at}: block {e.block!r} has no argument {arg!r}; it takes {', '.join(sub.args) or 'none'}")
+                    if arg in sub.flags:
+                        conditions(f"{at}.{arg}", compile_rule(value, f"{at}.{arg}") if not isinstance(value, bool) else None, block)
+                    else:
+                        formulas(f"{at}.{arg}", [value], block)
+    if ROOT not in recipe.blocks:
+        raise SymparamError(f"{src}: no [blocks.{ROOT}]")
+    _acyclic(recipe)
+
+
+def _acyclic(recipe: Recipe) -> None:
+    def uses(block: Block) -> set[str]:
+        return {e.block for _, spec in block.entries for e in (spec if isinstance(spec, tuple) else (spec,)) if e.block}
+
+    def visit(name: str, trail: tuple[str, ...]) -> None:
+        if name in trail:
+            raise SymparamError(f"{recipe.source}: block {name!r} includes itself: {' -> '.join(trail + (name,))}")
+        for sub in sorted(uses(recipe.blocks[name])):
+            visit(sub, trail + (name,))
+
+    visit(ROOT, ())
+
+
+def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None = None) -> Recipe:
+    """A validated Recipe from a parsed TOML table merged over `base` (the library, or what it extends)."""
+    unknown = set(data) - TOP_LEVEL
+    if unknown:
+        raise SymparamError(f"{source}: unknown section {sorted(unknown)[0]!r}; known: {', '.join(sorted(TOP_LEVEL))}")
+    for required in ("family", "model_types"):
+        if required not in data:
+            raise SymparamError(f"{source}: missing {required!r}")
+    full = merge(base if base is not None else library(), data)
+    switches = {}
+    for name, value in _table(full, "switches", source).items():
+        if not isinstance(value, (bool, str)):
+            raise SymparamError(f"{source}: [switches] {name}: expected true, false, a config key or a rule, got {value!r}")
+        switches[name] = compile_rule(value, f"{source}: [switches] {name}")
+    blocks = {name: _block(name, table, source, set(switches)) for name, table in _table(full, "blocks", source).items()}
+    wrappers = _table(full, "wrappers", source)
+    for name, spec in wrappers.items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("config", "text_config"), str):
+            raise SymparamError(f"{source}: [wrappers] {name}: expected {{ config = \"text_config\", keep = [...] }}")
+    recipe = Recipe(
+        family=str(full["family"]),
+        title=str(full.get("title", full["family"])),
+        model_types=_strings(full["model_types"], f"{source}: model_types"),
+        summary=str(full.get("summary", "")),
+        symbols=_symbols(full, source),
+        switches=switches,
+        blocks=blocks,
+        defaults=dict(_table(full, "defaults", source)),
+        architectures=_strings(full.get("architectures", []), f"{source}: architectures"),
+        wrappers={name: dict(spec) for name, spec in wrappers.items()},
+        lists=_lists(full, source),
+        checks={str(k): str(v) for k, v in _table(full, "checks", source).items()},
+        names=_names(source, full.get("names", {})),
+        zh={str(k): str(v) for k, v in _table(full, "zh", source).items()},
+        source=source,
+    )
+    _validate(recipe)
+    return recipe
+
+
+def _lists(data: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
+    """[lists]: per-layer config lists (layer_types, ...): their length formula and the values they may hold."""
+    out = {}
+    for key, spec in _table(data, "lists", source).items():
+        if not isinstance(spec, dict) or set(spec) - {"length", "values"}:
+            raise SymparamError(f"{source}: [lists] {key}: expected {{ length = \"N\", values = [...] }}")
+        out[key] = {"length": str(spec.get("length", "N")), "values": list(spec["values"]) if "values" in spec else None}
+    return out
+
+
+def _names(source: str, names: Any) -> dict[str, dict[str, str]]:
+    """[names] tables of regex -> text; every regex must compile."""
     if not isinstance(names, dict) or set(names) - set(NAME_TABLES):
         raise SymparamError(f"{source}: [names] must hold only the tables {', '.join(NAME_TABLES)}")
     for table, rules in names.items():
@@ -200,75 +548,105 @@ def _check_names(source: str, names: Any) -> dict[str, dict[str, str]]:
     return {table: dict(names.get(table, {})) for table in NAME_TABLES}
 
 
-def _check_option(source: str, section: str, name: str, value: Any, kind: Any) -> Any:
-    where = f"{source}: [{section}] {name}"
-    if kind == FLAG and not isinstance(value, (bool, str)):
-        raise SymparamError(f"{where}: expected true, false or a config key, got {value!r}")
-    if kind == FORMULA and value is not None:
-        if not isinstance(value, str):
-            raise SymparamError(f"{where}: expected a formula such as \"d_ff\", got {value!r}")
-        try:
-            parse(value)
-        except SymparamError as e:
-            raise SymparamError(f"{where}: {e}") from None
-    if kind is int and (type(value) is not int or value < 0):
-        raise SymparamError(f"{where}: expected a non-negative integer, got {value!r}")
-    if isinstance(kind, tuple) and value not in kind:
-        raise SymparamError(f"{where}: expected one of {', '.join(kind)}, got {value!r}")
-    return value
+def read_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SymparamError(f"{source}: not valid TOML ({e})") from None
+
+
+def library() -> dict[str, Any]:
+    """The built-in blocks, switches and symbols every recipe starts from."""
+    return read_toml(resources.files(__package__).joinpath(LIBRARY).read_text(encoding="utf-8"), f"recipes/{LIBRARY}")
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    """A recipe from a TOML file a user wrote."""
+    """A recipe from a TOML file a user wrote (it may extend a built-in family)."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise SymparamError(f"{path}: no such recipe file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SymparamError(f"{path}: not valid TOML ({e})") from None
-    return parse_recipe(data, str(path))
+    except (UnicodeDecodeError, IsADirectoryError, PermissionError) as e:
+        raise SymparamError(f"{path}: cannot read ({e.__class__.__name__})") from None
+    data = read_toml(text, str(path))
+    return parse_recipe(data, str(path), REGISTRY.base_of(data, str(path)))
 
 
 class Registry:
-    """Recipes by family name and by model_type; registering a name twice is an error."""
+    """Recipes by family, model_type, wrapper and class name, read lazily; a name defined twice is an error."""
 
-    def __init__(self) -> None:
-        self._by_family: dict[str, Recipe] = {}
-        self._by_type: dict[str, Recipe] = {}
+    def __init__(self, files: dict[str, str]) -> None:
+        self._files = files  # family file name -> TOML text
+        self._raw: dict[str, dict[str, Any]] = {}
+        self._parsed: dict[str, Recipe] = {}
+        self.by_family: dict[str, str] = {}
+        self.by_type: dict[str, str] = {}
+        self.by_wrapper: dict[str, str] = {}
+        self.by_class: dict[str, str] = {}
+        for file, text in files.items():
+            data = read_toml(text, file)
+            self._raw[file] = data
+            family = data.get("family")
+            if not isinstance(family, str):
+                raise SymparamError(f"{file}: missing 'family'")
+            tables = ((self.by_family, [family]), (self.by_type, data.get("model_types", [])),
+                      (self.by_wrapper, list(data.get("wrappers", {}))), (self.by_class, data.get("architectures", [])))
+            for table, names in tables:
+                for name in names:
+                    if name in table:
+                        raise SymparamError(f"{file}: {name!r} is already defined by {table[name]}")
+                    table[name] = file
 
-    def add(self, recipe: Recipe) -> None:
-        for table, names in ((self._by_family, [recipe.family]), (self._by_type, recipe.model_types)):
-            for name in names:
-                if name in table:
-                    raise SymparamError(f"{recipe.source}: {name!r} is already defined by {table[name].source}")
-                table[name] = recipe
+    def base_of(self, data: dict[str, Any], source: str) -> dict[str, Any]:
+        """What a recipe merges over: the library, or the merged recipe it extends (own names dropped)."""
+        parent = data.get("extends")
+        if parent is None:
+            return library()
+        if not isinstance(parent, str) or parent.replace("-", "_") not in self.by_family:
+            raise SymparamError(f"{source}: extends unknown family {parent!r}")
+        file = self.by_family[parent.replace("-", "_")]
+        raw = self._raw[file]
+        merged = merge(self.base_of(raw, file), raw)
+        return {k: v for k, v in merged.items() if k not in OWN and k != "extends"}
+
+    def _recipe(self, file: str) -> Recipe:
+        if file not in self._parsed:
+            raw = self._raw[file]
+            self._parsed[file] = parse_recipe(raw, f"recipes/{file}", self.base_of(raw, file))
+        return self._parsed[file]
 
     def family(self, name: str) -> Recipe:
         """The recipe for an arch name; `qwen3-moe` and `qwen3_moe` are the same name."""
         key = name.replace("-", "_")
-        if key not in self._by_family:
-            raise SymparamError(f"arch: unknown {name!r}; known: {', '.join(self._by_family)}")
-        return self._by_family[key]
+        if key not in self.by_family:
+            raise SymparamError(f"arch: unknown {name!r}; known: {', '.join(self.by_family)}")
+        return self._recipe(self.by_family[key])
 
     def for_model_type(self, model_type: Any) -> Recipe:
-        if not isinstance(model_type, str) or model_type not in self._by_type:
-            raise SymparamError(f"model_type: unsupported {model_type!r}; supported: {', '.join(self._by_type)}")
-        return self._by_type[model_type]
+        if not isinstance(model_type, str) or model_type not in self.by_type:
+            raise SymparamError(f"model_type: unsupported {model_type!r}; supported: {', '.join(self.by_type)}")
+        return self._recipe(self.by_type[model_type])
+
+    def wrapper(self, model_type: Any) -> Recipe | None:
+        """The language-model recipe of a multimodal model_type (gemma3 -> gemma3_text), if one declares it."""
+        return self._recipe(self.by_wrapper[model_type]) if isinstance(model_type, str) and model_type in self.by_wrapper else None
+
+    def for_class(self, classes: Any) -> Recipe | None:
+        """The recipe of the first class in config.json's `architectures` that a recipe names, if any."""
+        names = classes if isinstance(classes, list) else []
+        return next((self._recipe(self.by_class[n]) for n in names if isinstance(n, str) and n in self.by_class), None)
 
     def __iter__(self):
-        return iter(self._by_family.values())
+        return (self._recipe(file) for file in self.by_family.values())
 
 
 def builtin() -> Registry:
     """The registry of the recipes shipped in this package."""
-    registry = Registry()
-    for item in sorted(resources.files(__package__).iterdir(), key=lambda p: p.name):
-        if item.name.endswith(".toml"):
-            registry.add(parse_recipe(tomllib.loads(item.read_text(encoding="utf-8")), f"recipes/{item.name}"))
-    return registry
+    files = sorted(resources.files(__package__).iterdir(), key=lambda p: p.name)
+    return Registry({p.name: p.read_text(encoding="utf-8") for p in files if p.name.endswith(".toml") and not p.name.startswith("_")})
 
 
 REGISTRY = builtin()
 
-__all__ = ["Recipe", "Registry", "REGISTRY", "load_recipe", "parse_recipe", "truthy", "SCHEMA"]
+__all__ = ["Recipe", "Registry", "REGISTRY", "load_recipe", "parse_recipe", "truthy", "merge", "library"]

@@ -1,0 +1,140 @@
+"""Rules that read a config: switches and layer selectors, written as a small, safe subset of Python expressions."""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from symparam.errors import SymparamError
+
+_COMPARE: dict[type, Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
+    ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+}
+_ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+}
+_NODES = (ast.Expression, ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Compare, ast.BoolOp, ast.UnaryOp,
+          ast.BinOp, ast.IfExp, ast.List, ast.Tuple, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub,
+          *_COMPARE, *_ARITHMETIC)
+FUNCTIONS: dict[str, Callable[..., Any]] = {"len": len, "bool": bool, "any": any, "all": all}
+
+
+def path(node: ast.AST) -> str | None:
+    """The config key a node reads ("sliding_window", "linear_attn_config.num_heads", "layer_types"), if it reads one."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = path(node.value)
+        return f"{base}.{node.attr}" if base else None
+    if isinstance(node, ast.Subscript):
+        return path(node.value)
+    return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A parsed rule such as "i < first_k_dense_replace" or "layer_types[i] == 'linear_attention'"."""
+
+    text: str
+    tree: ast.Expression = field(repr=False, compare=False)
+    reads: tuple[str, ...] = ()  # top-level config keys (and `i`) it reads
+
+    def __call__(self, lookup: Callable[[str], Any], i: int | None = None) -> Any:
+        """The rule's value; names are read through `lookup` (a dotted key -> its config value, None if unset)."""
+        return self._eval(self.tree.body, lookup, i)
+
+    def _eval(self, node: ast.AST, lookup: Callable[[str], Any], i: int | None) -> Any:
+        ev = lambda n: self._eval(n, lookup, i)  # noqa: E731
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return i if node.id == "i" else FUNCTIONS.get(node.id) if node.id in FUNCTIONS else lookup(node.id)
+        if isinstance(node, ast.Attribute):
+            return lookup(path(node)) if path(node) else self._fail(node, "attribute of a computed value")
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return [ev(e) for e in node.elts]
+        if isinstance(node, ast.BoolOp):  # Python's: the operand that decides ("mlp_only_layers or []" is the list)
+            for value_node in node.values[:-1]:
+                value = ev(value_node)
+                if bool(value) != isinstance(node.op, ast.And):
+                    return value
+            return ev(node.values[-1])
+        if isinstance(node, ast.UnaryOp):
+            value = ev(node.operand)
+            return (not value) if isinstance(node.op, ast.Not) else self._apply(node.operand, operator.neg, value)
+        if isinstance(node, ast.IfExp):
+            return ev(node.body) if ev(node.test) else ev(node.orelse)
+        if isinstance(node, ast.Subscript):
+            return self._index(node, ev(node.value), ev(node.slice), lookup)
+        if isinstance(node, ast.BinOp):
+            return self._apply(node, _ARITHMETIC[type(node.op)], ev(node.left), ev(node.right))
+        if isinstance(node, ast.Compare):
+            left = ev(node.left)
+            for op, right_node in zip(node.ops, node.comparators):
+                right = ev(right_node)
+                if not self._apply(right_node if path(right_node) else node.left, _COMPARE[type(op)], left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.Call):
+            return self._apply(node, ev(node.func), *(ev(a) for a in node.args))
+        return self._fail(node, "unsupported")  # unreachable: compile() admits only _NODES
+
+    def _index(self, node: ast.Subscript, container: Any, index: Any, lookup: Callable[[str], Any]) -> Any:
+        key = path(node.value) or "value"
+        if isinstance(container, dict):
+            return container.get(index)
+        if not isinstance(container, list):
+            raise SymparamError(f"{key}: expected a list, got {json.dumps(container)} (read by the rule {self.text!r})")
+        if type(index) is not int or not 0 <= index < len(container):
+            raise SymparamError(f"{key}: has {len(container)} entries, too few for index {index} (read by the rule {self.text!r})")
+        return container[index]
+
+    def _apply(self, node: ast.AST, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (TypeError, ValueError, ZeroDivisionError):
+            shown = ", ".join(json.dumps(a) if isinstance(a, (int, str, list, type(None), bool)) else type(a).__name__ for a in args)
+            return self._fail(node, f"cannot be used with {shown}")
+
+    def _fail(self, node: ast.AST, why: str) -> Any:
+        where = path(node) or ast.unparse(node)
+        raise SymparamError(f"{where}: {why} (read by the rule {self.text!r})")
+
+
+def compile_rule(text: Any, where: str) -> Rule:
+    """A Rule from its text; anything beyond names, constants, comparisons, and/or/not, arithmetic,
+    indexing, `x if c else y` and len/bool/any/all is an error naming `where`."""
+    if type(text) is bool:
+        text = str(text)
+    if not isinstance(text, str):
+        raise SymparamError(f"{where}: expected a rule such as \"i < first_k_dense_replace\", got {text!r}")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise SymparamError(f"{where}: {text!r} is not a rule") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _NODES) or (isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS)):
+            raise SymparamError(f"{where}: {text!r} uses {type(node).__name__}, which rules do not allow")
+    reads = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in FUNCTIONS})
+    return Rule(text, tree, tuple(reads))
+
+
+def lookup_in(config: Mapping[str, Any]) -> Callable[[str], Any]:
+    """A reader of dotted keys ("a.b") in a config dict; an unset key reads as None."""
+
+    def read(key: str) -> Any:
+        value: Any = config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    return read
+
+
+__all__ = ["Rule", "compile_rule", "lookup_in", "path"]

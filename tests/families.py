@@ -1,0 +1,133 @@
+"""Every family under test: its oracle configs (library default, or a fixed config where the default does not build)
+and a random small config generator driven by the recipe's own data (symbols, switches, layer rules, lists).
+
+A family may add hints in tests/families/<family>.toml, each optional:
+    model_type = "qwen3_5_text"      # the type to test (default: the recipe's first model_type)
+    [default]   key = value          # merged over the library default config (what transformers needs to build it)
+    [fixed]     key = value          # set in every random config
+    [choices]   key = [a, b, ...]    # random configs draw this key from the list
+    [ranges]    key = [low, high]    # random configs draw this integer key from the range
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+
+from symparam.recipes import REGISTRY, Recipe
+from symparam.rules import lookup_in
+
+HINTS = Path(__file__).parent / "families"
+NO_SPECIAL_TOKENS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # small V: ids out of range
+CORE = {"N", "V", "d", "h", "h_kv", "h_d", "n", "k"}  # drawn together, as they constrain each other
+
+
+@functools.cache
+def hints(family: str) -> dict[str, Any]:
+    path = HINTS / f"{family}.toml"
+    return tomllib.loads(path.read_text()) if path.exists() else {}
+
+
+def model_type(recipe: Recipe) -> str:
+    return hints(recipe.family).get("model_type", recipe.model_types[0])
+
+
+@functools.cache
+def default_config(family: str) -> dict[str, Any]:
+    """The library-default config of a family as config.json would hold it, plus its hints' [default]."""
+    recipe = REGISTRY.family(family)
+    if family == "classic":
+        return {"model_type": "classic", "vocab_size": 32000, "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+                "learned_positions": False, "final_norm": False, "tie_word_embeddings": False, "max_position_embeddings": 64}
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type(recipe)).to_dict()
+    return set_keys(config, hints(family).get("default", {}))
+
+
+def set_keys(config: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """`config` with dotted keys set ("linear_attn_config.num_heads")."""
+    out = dict(config)
+    for key, value in values.items():
+        *parents, last = key.split(".")
+        node = out
+        for p in parents:
+            node[p] = dict(node.get(p) or {})
+            node = node[p]
+        node[last] = value
+    return out
+
+
+def first_key(recipe: Recipe, symbol: str, config: dict[str, Any]) -> str | None:
+    """The config key a symbol is read from: the first of its keys the default config holds, else its first key."""
+    keys = recipe.symbols[symbol].keys
+    read = lookup_in(config)
+    return next((k for k in keys if read(k) is not None), keys[0] if keys else None)
+
+
+@st.composite
+def random_config(draw, family: str) -> dict[str, Any]:
+    """A random small config of a family: core sizes that fit together, then every other value the recipe reads."""
+    recipe = REGISTRY.family(family)
+    base = default_config(family)
+    read = lookup_in(base)
+    hint = hints(family)
+    values: dict[str, Any] = {}
+
+    def put(symbol: str, value: int) -> None:
+        key = first_key(recipe, symbol, base)
+        if key is not None:
+            values[key] = value
+
+    layers = draw(st.integers(1, 4))
+    h_kv, g = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    put("N", layers)
+    put("V", draw(st.integers(8, 96)))
+    put("h", g * h_kv)
+    put("h_kv", h_kv)
+    put("d", g * h_kv * 2 * draw(st.integers(1, 6)))  # d/h whole and even: families without head_dim need it, RoPE too
+    if draw(st.booleans()):
+        put("h_d", 2 * draw(st.integers(1, 6)))  # often != d/h
+    experts = draw(st.integers(1, 6))
+    put("n", experts)
+    put("k", draw(st.integers(1, experts)))
+    for name, s in recipe.symbols.items():
+        key = first_key(recipe, name, base)
+        if name in CORE or s.layers is not None or key is None or type(read(key)) is not int:
+            continue
+        values[key] = draw(st.integers(0 if s.zero else 1, 3)) * (1 if s.zero else 2)  # small and even (RoPE halves)
+    for rule in recipe.switches.values():
+        if type(base.get(rule.text)) is bool:
+            values[rule.text] = draw(st.booleans())
+        elif type(base.get(rule.text)) is int and draw(st.booleans()):
+            values[rule.text] = None  # a size that may be unset: q_lora_rank null is a plain q_proj
+    for rule in recipe.layer_symbols.values():
+        for key in rule.reads:
+            current = read(key)
+            if key in recipe.lists or key == "i":
+                continue
+            if isinstance(current, list) and all(type(x) is int for x in current):
+                values[key] = draw(st.lists(st.integers(0, layers - 1), unique=True, max_size=layers))
+            elif type(current) is int:
+                values[key] = draw(st.integers(0, layers + 1))
+            elif type(current) is bool:
+                values[key] = draw(st.booleans())
+    base_layers = read(first_key(recipe, "N", base) or "num_hidden_layers")
+    per_layer = [k for k, v in base.items() if isinstance(v, list) and len(v) == base_layers and k not in values]
+    for key in per_layer:  # lists of one entry per layer: drawn anew where the recipe knows their kinds, else left to the library
+        spec = recipe.lists.get(key)
+        values[key] = draw(st.lists(st.sampled_from(spec["values"]), min_size=layers, max_size=layers)) if spec and spec["values"] and draw(st.booleans()) else None
+    for key, choices in hint.get("choices", {}).items():
+        values[key] = draw(st.sampled_from(choices))
+    for key, (low, high) in hint.get("ranges", {}).items():
+        values[key] = draw(st.integers(low, high))
+    values |= hint.get("fixed", {})
+    config = {k: v for k, v in set_keys(base, values).items() if not (k in per_layer and values[k] is None)}
+    return config if family == "classic" else config | NO_SPECIAL_TOKENS
+
+
+__all__ = ["default_config", "random_config", "model_type", "hints", "set_keys"]
