@@ -6,38 +6,31 @@ from typing import Any
 
 import sympy as sp
 
-from symparam.components import EMBEDDINGS, leaves
-from symparam.context import attended, substitution
+from symparam.components import leaves
+from symparam.context import holders, substitution
 from symparam.model import Model
-from symparam.symbols import S, d_nope, d_rope, d_v, evaluate, h, h_d
+from symparam.symbols import S, evaluate
 
-# Per layer and attended position: (query.key width, value width) summed over the heads, by attention kind.
-ATTENTION_WIDTHS: dict[str, tuple[sp.Expr, sp.Expr]] = {
-    "gqa": (h * h_d, h * h_d),  # every query head scores against its (shared) key head
-    "mha": (h * h_d, h * h_d),
-    "mla": (h * (d_nope + d_rope), h * d_v),  # naive MLA: keys of d_nope + d_rope, values of d_v per head
-}
 TRAINING_FACTOR = 3  # backward ~ 2 x forward (gradients with respect to activations and to weights)
 CONVENTION = (
     "one multiply-add = 2 FLOPs; forward per token = 2 x matmul parameters the token uses (input embedding is a lookup; "
     "norms, biases and sinks are not matmuls; a tied LM head still multiplies) + 2 x (q.k width + value width) per attended "
     "position per layer, for a token attending to S positions (a causal sequence of S averages (S+1)/2); "
-    "softmax and activations left out; training ~ 3 x forward"
+    "softmax, activations, convolutions and recurrent state updates left out; training ~ 3 x forward"
 )
 
 
 def matmul_parameters(model: Model, active: bool = True) -> sp.Expr:
     """Weights of the matrix multiplications one token passes through (all experts if not `active`)."""
     return sp.expand(sum(
-        (copies * sp.Mul(*leaf.shape) for leaf, copies, bucket in leaves(model.tree, active) if len(leaf.shape) == 2 and bucket not in EMBEDDINGS),
+        (copies * sp.Mul(*leaf.shape) for leaf, copies, _, _ in leaves(model.tree, active) if len(leaf.shape) == 2 and not (leaf.lookup or leaf.buffer)),
         sp.Integer(0),
     ))
 
 
 def attention(model: Model) -> sp.Expr:
     """Scores q.k and the weighted sum of values, 2 FLOPs per multiply-add, over every attended position of every layer."""
-    qk, v = ATTENTION_WIDTHS[model.recipe.options["attention"]["kind"]]
-    return 2 * (qk + v) * attended(model)
+    return 2 * sp.Add(*((sp.sympify(h.fact["qk"]) + sp.sympify(h.fact["v"])) * h.positions() for h in holders(model, "attend")))
 
 
 def forward(model: Model) -> sp.Expr:
@@ -96,4 +89,4 @@ def text(r: dict[str, Any]) -> str:
     return "\n".join(lines + ["convention: " + r["convention"]])
 
 
-__all__ = ["ATTENTION_WIDTHS", "matmul_parameters", "attention", "forward", "training", "report", "text"]
+__all__ = ["matmul_parameters", "attention", "forward", "training", "report", "text"]

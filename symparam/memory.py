@@ -7,10 +7,10 @@ from typing import Any
 
 import sympy as sp
 
-from symparam.context import attended, slides, substitution
+from symparam.context import holders, substitution
 from symparam.errors import SymparamError
 from symparam.model import Model
-from symparam.symbols import B, S, b, d_rope, evaluate, h, h_d, h_kv, r_kv
+from symparam.symbols import B, S, W, b, evaluate
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,6 @@ DTYPES: dict[str, DType] = {
     )
 }
 
-# Values one token leaves in the cache of one layer, by attention kind (the recipe's [attention] kind).
-KV_PER_TOKEN: dict[str, tuple[sp.Expr, str]] = {
-    "gqa": (2 * h_kv * h_d, "K and V: h_kv heads of h_d each"),
-    "mha": (2 * h * h_d, "K and V: h heads of h_d each (h*h_d = d)"),
-    "mla": (r_kv + d_rope, "MLA latent as DeepSeek defines the cache: the compressed K/V of r_kv and the shared rotary key of d_rope "
-            "(transformers' eager cache stores the decompressed per-head K and V instead)"),
-}
-
 # Mixed-precision Adam (Micikevicius et al. 2018; the ZeRO paper's 2 + 2 + 12 = 16 bytes per parameter).
 TRAINING: tuple[tuple[str, int], ...] = (
     ("weights (bf16)", 2),
@@ -61,18 +53,19 @@ def dtype(name: str) -> DType:
     return DTYPES[name]
 
 
-def kv_per_token(model: Model) -> sp.Expr:
-    return KV_PER_TOKEN[model.recipe.options["attention"]["kind"]][0]
-
-
 def kv_values(model: Model) -> sp.Expr:
-    """Values the KV cache holds for B sequences of S tokens."""
-    return kv_per_token(model) * attended(model) * B
+    """Values the KV cache holds for B sequences of S tokens: per module, values per token times positions kept."""
+    return B * sp.Add(*(sp.sympify(h.fact["per_token"]) * h.positions() for h in holders(model, "cache")))
 
 
 def kv_cache(model: Model) -> sp.Expr:
     """KV cache bytes for B sequences of S tokens, b bytes per value."""
     return kv_values(model) * b
+
+
+def state_values(model: Model) -> sp.Expr:
+    """Values of the fixed-size states (linear attention, SSM, convolution windows) for B sequences, whatever S."""
+    return B * sp.Add(*(sp.sympify(h.fact["size"]) * h.copies for h in holders(model, "state")))
 
 
 def weights(model: Model) -> sp.Expr:
@@ -98,22 +91,31 @@ def sizes(n_bytes: int) -> dict[str, Any]:
 def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch: int = 1) -> dict[str, Any]:
     """Every memory figure of a configured model, with its formula; `seq` defaults to the model's maximum context."""
     t = dtype(dtype_name)
-    values = model.values or {}
     subs = substitution(model, seq, batch)
     seq = int(subs[S])
-    kind = model.recipe.options["attention"]["kind"]
     parameters = model.count().total
 
     def exact(expr: sp.Expr) -> int:
         return evaluate(expr, subs, f"{model.name}: {expr}")
 
+    caches = holders(model, "cache")
+    parts = [{"module": h.path, "layers": exact(h.copies), "per_token_per_layer_values": exact(sp.sympify(h.fact["per_token"])),
+              "sliding_layers": exact(h.windowed), "what": h.fact.get("what", "")} for h in caches]
+    sliding = sum(p["sliding_layers"] for p in parts)
     kv = {
         **sizes(whole_bytes(exact(kv_values(model)), t.bytes)),
         "formula": str(kv_cache(model)),
-        "per_token_per_layer_values": exact(kv_per_token(model)),
-        "what": KV_PER_TOKEN[kind][1],
-        "sliding_layers": values.get("N_swa", 0),
-        "window": values.get("W") if slides(model) else None,
+        "per_token_per_layer_values": parts[0]["per_token_per_layer_values"] if len({p["per_token_per_layer_values"] for p in parts}) == 1 else None,
+        "what": "; ".join(dict.fromkeys(p["what"] for p in parts)),
+        "sliding_layers": sliding,
+        "window": int(subs[W]) if sliding else None,
+        "parts": parts,
+    }
+    states = holders(model, "state")
+    state = {
+        **sizes(whole_bytes(exact(state_values(model)), t.bytes)),
+        "formula": str(state_values(model) * b),
+        "parts": [{"module": h.path, "layers": exact(h.copies), "per_sequence_per_layer_values": exact(sp.sympify(h.fact["size"])), "what": h.fact.get("what", "")} for h in states],
     }
     train = {
         **sizes(exact(training(model))),
@@ -131,9 +133,11 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
         "batch": batch,
         "weights_bytes": weight["bytes"],
         "kv_cache_bytes": kv["bytes"],
+        "state_bytes": state["bytes"],
         "training_bytes": train["bytes"],
         "weights": weight,
         "kv_cache": kv,
+        "state": state,
         "training": train,
         "units": "GB = 10^9 bytes, GiB = 2^30 bytes",
     }
@@ -152,7 +156,9 @@ def text(r: dict[str, Any]) -> str:
         row("weights", r["weights"]) + "    = parameters * b",
         f"{'':<10} {r['weights']['note']}",
         row("KV cache", kv) + f"    = {kv['formula']}",
-        f"{'':<10} S = {r['seq']:,} tokens, B = {r['batch']} sequence(s); {kv['per_token_per_layer_values']:,} values per token per layer ({kv['what']}){window}",
+        *[f"{'':<10} {p['layers']:,} layers ({p['module']}): {p['per_token_per_layer_values']:,} values per token per layer ({p['what']})" for p in kv["parts"]],
+        f"{'':<10} grows with S = {r['seq']:,} tokens, B = {r['batch']} sequence(s){window}",
+        *([row("state", r["state"]) + f"    = {r['state']['formula']}"] + [f"{'':<10} {p['layers']:,} layers ({p['module']}): {p['per_sequence_per_layer_values']:,} values per sequence per layer, whatever S ({p['what']})" for p in r["state"]["parts"]] if r["state"]["parts"] else []),
         row("training", r["training"]) + "    = 16 * parameters",
         f"{'':<10} {r['training']['convention']}",
     ]
@@ -161,4 +167,4 @@ def text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DTYPES", "KV_PER_TOKEN", "TRAINING", "kv_values", "kv_cache", "weights", "training", "report", "sizes", "whole_bytes", "text"]
+__all__ = ["DTYPES", "TRAINING", "kv_values", "kv_cache", "state_values", "weights", "training", "report", "sizes", "whole_bytes", "text"]

@@ -52,7 +52,8 @@ def prune(term: Term, zero: Mapping[sp.Symbol, sp.Integer]) -> Term | None:
     children = tuple(t for t in (prune(c, zero) for c in term.children) if t is not None)
     if term.children and not children:
         return None
-    return replace(term, times=times, active_times=term.active_times.xreplace(zero), children=children)
+    facts = tuple((name, tuple((k, v.xreplace(zero) if isinstance(v, sp.Expr) else v) for k, v in items)) for name, items in term.facts)
+    return replace(term, times=times, active_times=term.active_times.xreplace(zero), children=children, facts=facts)
 
 
 class Model:
@@ -71,11 +72,13 @@ class Model:
     @cached_property
     def tree(self) -> Term:
         """The component tree every figure is computed from: with values, only the parts that config builds."""
-        tree = self.recipe.build(self.flags)
-        if self.values is None:
-            return tree
-        zero = {make(name): sp.Integer(0) for name in self.recipe.layer_symbols if self.values.get(name) == 0}
-        return prune(tree, zero) or tree
+        return prune(self.recipe.build(self.flags), self.zeros) or self.recipe.build(self.flags)
+
+    @cached_property
+    def zeros(self) -> dict[sp.Symbol, sp.Integer]:
+        """Layer counts this model has none of: 0 at its values, or a rule that never selects a layer (`False`)."""
+        rules = self.recipe.layer_symbols
+        return {make(name): sp.Integer(0) for name, rule in rules.items() if rule.text == "False" or (self.values or {}).get(name) == 0}
 
     @cached_property
     def tensors(self) -> dict[str, sp.Expr]:

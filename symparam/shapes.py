@@ -1,90 +1,63 @@
-"""Tensor shapes through one forward pass of S tokens, read from the recipe's options: symbolic, numbers by substitution."""
+"""Tensor shapes through one forward pass of S tokens, read from the model's tree: symbolic, numbers by substitution."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import sympy as sp
 
+from symparam.components import ONE, Term
 from symparam.config import as_subs
 from symparam.errors import SymparamError
 from symparam.model import Model
-from symparam.symbols import S, V, d, d_nope, d_rope, d_v, evaluate, h, h_d, h_kv, k, n, r_kv, r_q
+from symparam.symbols import S, V, evaluate
 
 
 @dataclass(frozen=True)
 class Step:
     """One tensor of the forward pass (batch of one, so no batch axis)."""
 
-    name: str  # "input embedding", "layer.q", "moe layer.router logits"
+    name: str  # the module that makes it, as transformers names it ("model.layers.self_attn.q_proj"), or a stage
     shape: tuple[sp.Expr, ...]  # in the vocabulary's symbols
-    note: str  # which module makes it, from what
+    note: str  # what it is
     layers: sp.Expr | None = None  # how many layers repeat it; None for once per pass
 
 
-def attention_steps(opts: dict[str, Any]) -> list[tuple[str, tuple, str]]:
-    """Inside attention: projections, per-head q/k/v, scores, context and output; MLA through its latents."""
-    if opts["kind"] == "mla":
-        query = [("q latent", (S, r_q), "q_a_proj: d -> r_q, then its RMSNorm")] if opts["q_lora"] else []
-        return query + [
-            ("q", (S, h, d_nope + d_rope), "queries: h heads of d_nope + d_rope"),
-            ("kv latent", (S, r_kv + d_rope), "kv_a_proj_with_mqa: the latent r_kv (what MLA caches) and one shared rotary key d_rope"),
-            ("k", (S, h, d_nope + d_rope), "kv_b_proj lifts the latent to h keys of d_nope; the shared rotary key is appended"),
-            ("v", (S, h, d_v), "kv_b_proj: h values of d_v"),
-            ("scores", (h, S, S), "softmax(q k^T / sqrt(d_nope + d_rope)) under the causal mask"),
-            ("attention context", (S, h, d_v), "scores @ v, per head"),
-            ("attention output", (S, d), "o_proj: h*d_v -> d"),
-        ]
-    kv_heads = h if opts["kind"] == "mha" else h_kv
-    width = 3 * d if opts["kind"] == "mha" else h * h_d + 2 * h_kv * h_d
-    fused = [("qkv", (S, width), "one fused projection, split into q, k and v")] if opts["fused"] else []
-    return fused + [
-        ("q", (S, h, h_d), "queries: h heads of h_d"),
-        ("k", (S, kv_heads, h_d), "keys: h_kv heads of h_d (each shared by h/h_kv query heads)"),
-        ("v", (S, kv_heads, h_d), "values: h_kv heads of h_d"),
-        ("scores", (h, S, S), "softmax(q k^T / sqrt(h_d)) per query head, causal mask (a sliding window masks more, same shape)"),
-        ("attention context", (S, h, h_d), "scores @ v, per head"),
-        ("attention output", (S, d), "o_proj: h*h_d -> d"),
-    ]
-
-
-def ffn_steps(kind: str, size: sp.Expr, fused: bool, prefix: str = "ffn") -> list[tuple[str, tuple, str]]:
-    """Inside a feed-forward d -> size -> d: gated (gate, up, act(gate)*up) or plain (up, act)."""
-    if kind == "plain":
-        into = [(f"{prefix} up", (S, size), "up-projection d -> d_ff")]
-    elif fused:
-        into = [(f"{prefix} gate_up", (S, 2 * size), "fused gate and up projections, split in two")]
-    else:
-        into = [(f"{prefix} gate", (S, size), "gate projection"), (f"{prefix} up", (S, size), "up projection")]
-    inner = "act(gate) * up" if kind == "gated" else "activation"
-    return into + [(f"{prefix} inner", (S, size), inner), (f"{prefix} output", (S, d), "down-projection back to d")]
-
-
-def moe_steps(opts: dict[str, Any]) -> list[tuple[str, tuple, str]]:
-    """A mixture of experts: router logits, the k chosen experts, expert inner activations, shared experts."""
-    pairs = [(name, (S * k, shape[1]), f"{note}; the S*k token-expert pairs, each expert seeing its share") for name, shape, note in ffn_steps(opts["kind"], opts["size"], False, "expert")[:-1]]
-    steps = [("router logits", (S, n), "router: one logit per expert"), ("top-k experts", (S, k), "the k experts each token visits (indices and weights)"), *pairs]
-    if opts["shared"] is not None:
-        steps += ffn_steps(opts["kind"], opts["shared"], False, "shared expert")[-2:-1]
-    return steps + [("moe output", (S, d), "weighted sum of the k experts' outputs (plus the shared experts)")]
+def _visit(term: Term, path: str, layers: sp.Expr, tokens: sp.Expr, in_stack: bool, bucket: str | None = None) -> Iterator[tuple[Term, str, sp.Expr, sp.Expr, bool, str | None]]:
+    """Nodes with their module path, the layers repeating them, the rows they see (S, or S*k token-expert pairs), their bucket."""
+    path = f"{path}.{term.key}" if path and term.key else path or term.key
+    bucket = term.component or bucket
+    routed = term.active_times != term.times
+    if routed:
+        tokens = tokens * term.active_times
+    elif term.times != ONE:
+        layers, in_stack = layers * term.times, True
+    yield term, path, layers, tokens, in_stack, bucket
+    for child in term.children:
+        yield from _visit(child, path, layers, tokens, in_stack, bucket)
 
 
 def trace(model: Model) -> list[Step]:
-    """Every tensor shape of one forward pass, symbolic; layers of one kind listed once with their count."""
-    opts = model.recipe.resolved(model.flags)  # flags resolved and formulas parsed, as the parameter count sees them
-    steps = [Step("token ids", (S,), "one integer per token"), Step("input embedding", (S, d), "rows of the [V, d] table")]
-    if opts["embedding"]["positions"]:
-        steps += [Step("position embedding", (S, d), "rows 0..S-1 of the [P, d] table"), Step("hidden", (S, d), "token + position")]
-    groups = model.recipe.layer_groups()
-    for kind, count in groups:
-        prefix = "layer" if len(groups) == 1 else f"{kind} layer"
-        ffn = ffn_steps(opts["ffn"]["kind"], opts["ffn"]["size"], opts["ffn"]["fused"]) if kind == "dense" else moe_steps(opts["moe"])
-        inner = [("attention norm", (S, d), "norm before attention")] + attention_steps(opts["attention"]) + [("ffn norm", (S, d), "norm before the feed-forward")] + ffn
-        steps += [Step(f"{prefix}.{name}", tuple(sp.sympify(x) for x in shape), note, count) for name, shape, note in inner]
-    if opts["norm"]["final"]:
-        steps.append(Step("final norm", (S, d), "norm after the last layer"))
-    return steps + [Step("logits", (S, V), "LM head: one score per vocabulary entry per position"), Step("next-token logits", (V,), "the last position's row")]
+    """Every activation of one forward pass, symbolic: each matrix's output, embeddings, attention scores, logits."""
+    steps = [Step("token ids", (S,), "one integer per token")]
+    for node, path, layers, tokens, in_stack, bucket in _visit(model.tree, "", ONE, S, False):
+        repeat = layers if in_stack else None
+        attend = node.fact("attend")
+        if attend is not None and "heads" in attend:
+            steps.append(Step(f"{path} scores", (sp.sympify(attend["heads"]), S, S), "softmax(q k^T / sqrt(head dim)) per query head, causal mask", repeat))
+        if not node.is_leaf or node.buffer or len(node.shape) != 2:
+            continue
+        module = path.rsplit(".", 1)[0] if node.key == "weight" else path
+        if node.lookup:
+            steps.append(Step(module, (S, node.shape[1]), f"rows of the [{node.shape[0]}, {node.shape[1]}] table", repeat))
+        elif bucket == "LM head":
+            steps.append(Step(module, (S, node.shape[0]), "logits: one score per vocabulary entry per position", repeat))
+        else:
+            rows = "token-expert pairs, each expert seeing its share" if tokens != S else node.note or node.label
+            steps.append(Step(module, (tokens, node.shape[0]), rows, repeat))
+    return steps + [Step("next-token logits", (V,), "the last position's row")]
 
 
 def report(model: Model, seq: int) -> list[dict[str, Any]]:

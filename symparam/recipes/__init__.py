@@ -33,9 +33,9 @@ ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label
                 "buffer", "lookup", "layers"}
 BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend"}
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
-    "cache": ({"per_token", "windowed"}, {"what"}),  # values one token leaves per copy; `windowed` of the copies keep only W
+    "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
     "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
-    "attend": ({"qk", "v"}, set()),  # widths a query scores against and sums per attended position
+    "attend": ({"qk", "v", "heads"}, set()),  # widths a query scores against and sums per attended position; query heads
 }
 SYMBOL_FIELDS = {"latex", "meaning", "keys", "default", "layers", "zero", "zh"}
 NAME_TABLES = ("rename", "not_parameters")  # [names]: how checkpoints name tensors, regex -> replacement (verify.py)
