@@ -91,7 +91,7 @@ def cmd_count(args: argparse.Namespace) -> str:
     figures.append(("active without input embedding", count.active_without_embedding, "; as vendors often quote"))
     title = model.name if model.name == model.recipe.title else f"{model.name} ({model.recipe.title})"
     lines = [title] + [f"{label:<31}{n:>19,}  ({billions(n)}{why})" for label, n, why in figures]
-    tied = " (tied: stored once, in the input embedding)" if model.flags.get("lm_head.tied") else ""
+    tied = " (tied: stored once, in the input embedding)" if model.flags.get("tied") else ""
     rows = [(c + (tied if c == "LM head" else ""), formula(model.components[c]), f"{n:,}", f"{100 * n / count.total:.2f}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
     header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
     table = [header] + [r if moe else r[:4] for r in rows]

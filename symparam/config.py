@@ -124,7 +124,7 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
     for symbol in sorted(needed):
         values.get(symbol)
     for symbol in _optional(recipe, tree):
-        values.get(symbol, required=False)
+        values.maybe(symbol)
     _check_lists(recipe, config, values.known)
     _one_variant_per_layer(recipe, values)
     _checks(recipe, values.known)
@@ -133,10 +133,10 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
 
 
 def _optional(recipe: Recipe, tree: Term) -> list[str]:
-    """Symbols the model's facts and checks read (the window, head counts of a d x d attention): resolved where the config has them."""
+    """Symbols the model does not need but its facts, checks and estimates read: resolved where the config has them."""
     from symparam.components import walk
 
-    found: set[str] = set()
+    found = {name for name, s in recipe.symbols.items() if s.keys}
     for node, *_ in walk(tree):
         for _, items in node.facts:
             found |= {str(s) for _, v in items if isinstance(v, sp.Expr) for s in v.free_symbols}
@@ -179,12 +179,22 @@ class Values:
         self.known[symbol] = value
         return value
 
+    def maybe(self, symbol: str) -> int | None:
+        """A value the model does not need but other figures read (the window, d_ff of an estimate): None if unset or unusable."""
+        try:
+            return self.get(symbol, required=False)
+        except SymparamError:
+            return None
+
     def mask(self, symbol: str) -> list[bool]:
         """Which layers a layer-count symbol selects, by its rule over layer index i."""
         if symbol not in self.masks:
             layers = self.get("N")
             rule = self.recipe.layer_symbols[symbol]
-            self.masks[symbol] = [bool(rule(self.read, i)) for i in range(layers)]
+            if "i" in rule.reads:
+                self.masks[symbol] = [bool(rule(self.read, i)) for i in range(layers)]
+            else:  # the same for every layer (sliding_window set or not): one evaluation
+                self.masks[symbol] = [bool(rule(self.read))] * layers
         return self.masks[symbol]
 
     def _default(self, symbol: str, required: bool) -> int | None:

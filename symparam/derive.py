@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import sympy as sp
 
-from symparam.components import Term
+from symparam.components import Term, leaves
 from symparam.model import Model
 from symparam.symbols import N, V, d, d_ff, evaluate, g, h, h_d, h_kv
 
@@ -184,7 +184,7 @@ class Derivation:
 
     @property
     def tied(self) -> bool:
-        return bool(self.flags.get("lm_head.tied"))
+        return bool(self.flags.get("tied"))
 
 
 def exact(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None, what: str = "") -> int | None:
@@ -306,36 +306,31 @@ class _Walker:
                 self._collect(c, sub, c.component or bucket, factors, refs, top=False)
 
 
-# What the estimate 2Vd + N(4d^2 + 3Md^2) takes for granted; each test says whether a model breaks it.
+def matmuls(model: Model, attention: bool) -> sp.Expr:
+    """Weights of the layers' matrices: attention's, or the rest (FFN, experts, mixers); embeddings and head left out."""
+    return sp.expand(sum((copies * leaf.each for leaf, copies, bucket, _ in leaves(model.tree)
+                          if len(leaf.shape) == 2 and not leaf.lookup and bucket not in OUTSIDE_LAYERS and (bucket == "attention") == attention), sp.Integer(0)))
+
+
+def _differs(model: Model, expr: sp.Expr, expected: sp.Expr) -> bool:
+    subs = model.substitution()
+    return sp.expand(expr - expected).xreplace(subs) != 0
+
+
+OUTSIDE_LAYERS = ("input embedding", "LM head")  # the 2Vd of the estimate
+# What the estimate 2Vd + N(4d^2 + 3Md^2) takes for granted; each test says whether a model (with values) breaks it.
 ESTIMATE_CHECKS: tuple[tuple[str, Callable[[Model], bool]], ...] = (
-    ("untied_head", lambda m: bool(m.flags.get("lm_head.tied"))),
-    ("mha_attention", lambda m: m.recipe.options["attention"]["kind"] == "mla" or _gqa(m)),
-    ("gated_ffn", lambda m: m.recipe.options["ffn"]["kind"] != "gated" or m.recipe.has_moe),
+    ("untied_head", lambda m: bool(m.flags.get("tied"))),
+    ("mha_attention", lambda m: _differs(m, matmuls(m, attention=True), 4 * N * d**2)),
+    ("gated_ffn", lambda m: d_ff not in m.total.free_symbols or _differs(m, matmuls(m, attention=False), 3 * N * d * d_ff)),
     ("minor_terms", lambda m: True),
 )
 
 
-def _gqa(m: Model) -> bool:
-    v = m.values or {}
-    return m.recipe.options["attention"]["kind"] == "gqa" and (v.get("h_kv") != v.get("h") or v.get("h", 0) * v.get("h_d", 0) != v.get("d"))
-
-
 def minor_terms(model: Model) -> sp.Expr:
-    """Biases, norms, position tables and sinks: what the estimate leaves out."""
-    out = sp.Integer(0)
-
-    def walk(t: Term, mult: sp.Expr, bucket: str | None, in_norm: bool) -> None:
-        nonlocal out
-        bucket = t.component or bucket
-        mult = mult * t.times
-        in_norm = in_norm or t.label in ("rmsnorm", "layernorm")
-        if t.is_leaf and (in_norm or t.key in ("bias", "sinks") or bucket == "position embedding"):
-            out += mult * t.each
-        for c in t.children:
-            walk(c, mult, bucket, in_norm)
-
-    walk(model.tree, sp.Integer(1), None, False)
-    return sp.expand(out)
+    """Biases, norms, sinks and position tables: what the estimate leaves out (every tensor but matrices and the token table)."""
+    return sp.expand(sum((copies * leaf.each for leaf, copies, bucket, _ in leaves(model.tree)
+                          if len(leaf.shape) != 2 or (leaf.lookup and bucket not in OUTSIDE_LAYERS)), sp.Integer(0)))
 
 
 ESTIMATE = 2 * V * d + N * (4 * d**2 + 3 * M * d**2)
@@ -347,8 +342,9 @@ def estimate(model: Model, subs: Mapping[sp.Symbol, int] | None, exact_total: in
     for key, broken in ESTIMATE_CHECKS:
         amount = exact(minor_terms(model), subs, f"{model.name}: minor terms") if key == "minor_terms" else None
         checks.append(EstimateCheck(key, broken(model) if subs is not None else None, amount))
-    if subs is None or d_ff not in subs:
+    if subs is None or "d_ff" not in (model.values or {}):
         return Estimate(ESTIMATE, None, None, exact_total, tuple(checks))
+    subs = {**subs, d_ff: model.values["d_ff"]}  # the config's d_ff, even where no dense layer is built (M of the estimate)
     multiplier = Fraction(subs[d_ff], subs[d])
     value = ESTIMATE.xreplace({**subs, M: sp.Rational(subs[d_ff], subs[d])})
     return Estimate(ESTIMATE, multiplier, Fraction(int(value.p), int(value.q)), exact_total, tuple(checks))
@@ -360,7 +356,7 @@ def table(model: Model, total: int, active: int) -> tuple[Row, ...]:
     rows = []
     for c, n in count.components.items():
         a = count.active_components[c]
-        tied = c == "LM head" and bool(model.flags.get("lm_head.tied"))
+        tied = c == "LM head" and bool(model.flags.get("tied"))
         if n or a or tied:
             rows.append(Row(c, tidy(model.components[c]), n, a, Fraction(n, total), Fraction(a, active), tied))
     return tuple(rows)

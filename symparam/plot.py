@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from symparam.components import COMPONENTS
 from symparam.config import presets, read_preset
 from symparam.errors import SymparamError
 from symparam.files import replacing
@@ -13,8 +12,14 @@ from symparam.model import Count, Model, load
 from symparam.recipes import REGISTRY
 
 FORMATS = (".png", ".svg", ".pdf")
-# One colour per component bucket, the same in every chart (matplotlib's tab10 order).
-COLOURS = dict(zip(COMPONENTS, ("#1f77b4", "#aec7e8", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")))
+# Component buckets take colours in the order they first appear in a chart (matplotlib's tab20 order).
+PALETTE = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd", "#c5b0d5",
+           "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d", "#17becf", "#9edae5")
+
+
+def colours(used: list[str]) -> dict[str, str]:
+    """One colour per component of a chart, in order (the palette repeats past 20 components)."""
+    return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(used)}
 
 
 def family_models(name: str) -> list[Model]:
@@ -58,13 +63,15 @@ def _figure(width: float, height: float):
 
 
 def _used(rows: list[tuple[str, dict[str, int]]]) -> list[str]:
-    return [c for c in COMPONENTS if any(r.get(c, 0) for _, r in rows)]
+    """The components with parameters in any bar, in the order they first appear."""
+    return list(dict.fromkeys(c for _, r in rows for c, n in r.items() if n))
 
 
 def family_figure(models: list[Model], title: str):
     """Two panels: stacked parameters in billions per model, and the same as % of each bar."""
     rows = bars(models)
     used = _used(rows)
+    colour = colours(used)
     fig = _figure(max(8.0, 1.6 * len(rows) + 4), 5.6)
     absolute, percent = fig.subplots(1, 2)
     x = range(len(rows))
@@ -72,7 +79,7 @@ def family_figure(models: list[Model], title: str):
         bottom = [0.0] * len(rows)
         for comp in used:
             heights = [r.get(comp, 0) / (1e9 if scale is None else sum(r.values()) / scale) for _, r in rows]
-            ax.bar(x, heights, bottom=bottom, color=COLOURS[comp], label=comp, width=0.7, edgecolor="white", linewidth=0.5)
+            ax.bar(x, heights, bottom=bottom, color=colour[comp], label=comp, width=0.7, edgecolor="white", linewidth=0.5)
             if scale is not None:
                 for i, (hgt, base) in enumerate(zip(heights, bottom)):
                     if hgt >= 6:
@@ -99,7 +106,8 @@ def model_figure(model: Model):
     """One model: a horizontal bar per component with its count and share; MoE models show total and active."""
     c = model.count()
     moe = c.active != c.total
-    used = [k for k in COMPONENTS if c.components.get(k, 0)]
+    used = [k for k, n in c.components.items() if n]
+    colour = colours(used)
     fig = _figure(10, 0.42 * len(used) * (2 if moe else 1) + 1.6)
     ax = fig.subplots()
     series = [("total", c.components, c.total)] + ([("active", c.active_components, c.active)] if moe else [])
@@ -107,7 +115,7 @@ def model_figure(model: Model):
     for j, (label, values, whole) in enumerate(series):
         ys = [i + j * height for i in range(len(used))]
         widths = [values.get(k, 0) / 1e9 for k in used]
-        ax.barh(ys, widths, height=height, color=[COLOURS[k] for k in used], alpha=1.0 if j == 0 else 0.55, edgecolor="black" if j else "white", hatch="//" if j else None, label=label)
+        ax.barh(ys, widths, height=height, color=[colour[k] for k in used], alpha=1.0 if j == 0 else 0.55, edgecolor="black" if j else "white", hatch="//" if j else None, label=label)
         for y, k, w in zip(ys, used, widths):
             ax.text(w, y, f" {human(values.get(k, 0))} ({share(values.get(k, 0), whole)} of {label})", va="center", fontsize=8)
     ax.set_yticks([i + height * (len(series) - 1) / 2 for i in range(len(used))], used)
@@ -118,7 +126,7 @@ def model_figure(model: Model):
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     heading = f"{model.name}: {human(c.total)} parameters" + (f", {human(c.active)} active per token" if moe else "")
-    if model.flags.get("lm_head.tied"):
+    if model.flags.get("tied"):
         heading += "\n(LM head tied to the input embedding: stored once)"
     ax.set_title(heading)
     if moe:

@@ -13,10 +13,10 @@ from typing import Any
 import sympy as sp
 from sympy.printing.str import StrPrinter
 
-from symparam.components import Term
+from symparam.components import Term, leaves
 from symparam.errors import SymparamError
 from symparam.model import Model
-from symparam.symbols import BY_NAME, SYMBOLS, evaluate
+from symparam.symbols import evaluate, make
 
 # Bytes per stored element, by safetensors dtype; and config.json / --dtype names of those dtypes.
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
@@ -27,9 +27,8 @@ DTYPE_NAMES = {
 
 # transformers' naming that every family shares; what one family names its own way is in its recipe's [names] tables.
 PREFIXES = ("model.", "transformer.")  # base-model wrappers in front of the module path; lm_head sits outside them
-LAYER = re.compile(r"^layers\.(\d+)\.")  # the decoder layer list, after the family's renames (GPT-2's `h.` is one)
-EXPERT = re.compile(r"\.experts\.(\d+)\.")  # one routed expert per tensor (Hub naming)
-ORGANISATIONAL = ("norms", "expert")  # groups of the component tree that no checkpoint name has
+LAYER = re.compile(r"^(\w+)\.(\d+)\.")  # the decoder layer list (layers.3., GPT-2's h.3.)
+INDEX = re.compile(r"\.\d+(?=\.|$)")  # expert and other indices, left out of names as the model's tree leaves them out
 
 # Quantisation formats that pack several parameters into one stored element, whatever the family: tensor-name suffix ->
 # (format, parameters per stored element). Their scales are quantisation state, in COMMON_NOT_PARAMETERS.
@@ -38,11 +37,9 @@ PACKED_FORMATS = {"_blocks": ("MXFP4", 2)}  # two 4-bit values per byte
 # Renames every family shares (regex -> replacement), applied before the family's own [names.rename], on the name with
 # prefixes, packed-format suffixes and expert indices removed (layer indices still in: `layers.3.`).
 # "{a,b}" in a replacement: one stored tensor holds both (fused experts in transformers 5).
-COMMON_RENAME = {
-    r"\.input_layernorm\.": ".norm_0.",
-    r"\.post_attention_layernorm\.": ".norm_1.",
-    r"\.experts\.gate_up_proj$": ".experts.{gate_proj,up_proj}.weight",
-    r"\.experts\.down_proj$": ".experts.down_proj.weight",
+COMMON_RENAME = {  # Hub checkpoints store routed experts one by one; transformers 5 stacks them in one tensor per projection
+    r"\.experts\.(gate_proj|up_proj)\.weight$": ".experts.gate_up_proj",
+    r"\.experts\.down_proj\.weight$": ".experts.down_proj",
 }
 # Stored tensors that are not parameters (regex on the stored name -> why); a family adds its own in [names.not_parameters].
 COMMON_NOT_PARAMETERS = {
@@ -54,8 +51,6 @@ COMMON_NOT_PARAMETERS = {
 EXPLANATIONS = {
     ("h_kv", "h"): "the checkpoint uses full multi-head attention, the config says grouped-query",
 }
-SWITCHES = {"lm_head.weight": "lm_head.tied"}  # tensors a recipe flag removes (a tied head is not stored)
-COPIES = (("n", "expert"), ("N", "layer"), ("N_dense", "layer"))  # symbol in a multiplicity -> what one copy is
 
 
 @dataclass(frozen=True)
@@ -77,7 +72,7 @@ class Stored:
 
 @dataclass
 class Expected:
-    """One canonical tensor name of the model: its shape, bucket, and copies (layers x experts)."""
+    """One tensor name of the model (indices left out): its shape, bucket, and copies (layers x experts)."""
 
     name: str
     bucket: str
@@ -184,44 +179,43 @@ def locate(path: str | Path) -> tuple[list[Path], Path | None]:
 # --- the model side --------------------------------------------------------------------------------------------
 
 
-def canonical(path: tuple[str, ...], is_top: bool) -> str:
-    """A tree path as one checkpoint-style name: organisational groups dropped, repeated keys collapsed."""
-    keys: list[str] = []
-    for key in path:
-        if key not in ORGANISATIONAL and (not keys or keys[-1] != key):
-            keys.append(key)
-    return ".".join(keys + (["weight"] if is_top else []))
+def strip(name: str) -> str:
+    """A name without the base-model prefix (model., transformer.): checkpoints differ in whether they keep it."""
+    while name.startswith(PREFIXES):
+        name = name.split(".", 1)[1]
+    return name
 
 
 def expected_tensors(tree: Term) -> dict[str, Expected]:
-    """Every tensor the model has, by canonical name, copies summed over dense and MoE layers."""
+    """Every tensor the model has, by name as transformers gives it (prefix and indices left out), copies summed over layer kinds."""
     found: dict[str, Expected] = {}
-
-    def walk(term: Term, path: tuple[str, ...], copies: sp.Expr, bucket: str | None, depth: int) -> None:
-        bucket = term.component or bucket
-        copies = copies * term.times
-        if term.is_leaf:
-            name = canonical(path + (term.key,), depth == 1)
-            if name in found:
-                found[name].copies += copies
-            else:
-                found[name] = Expected(name, bucket or "", term.shape, copies, term.tied)
-        for child in term.children:
-            walk(child, path + (term.key,) if depth else (), copies, bucket, depth + 1)
-
-    walk(tree, (), sp.Integer(1), None, 0)
+    for leaf, copies, bucket, path in leaves(tree):
+        if leaf.buffer:
+            continue
+        name = strip(path)
+        if name in found:
+            found[name].copies += copies
+        else:
+            found[name] = Expected(name, bucket or "", leaf.shape, copies, leaf.tied)
     for e in found.values():
         e.copies = sp.expand(e.copies)
     return found
+
+
+def buffers(tree: Term) -> dict[str, str]:
+    """Checkpoint names of the model's buffers (stored, not parameters) as patterns -> what they are."""
+    return {re.escape(strip(path)).replace(r"\.", r"(\.\d+)?\.") + "$": f"{leaf.note or leaf.label} (a buffer, not a parameter)"
+            for leaf, _, _, path in leaves(tree) if leaf.buffer}
 
 
 # --- the checkpoint side ---------------------------------------------------------------------------------------
 
 
 def name_tables(model: Model) -> tuple[dict[str, str], dict[str, str]]:
-    """(renames, not-parameter rules): the shared ones, then the family's [names.rename] / [names.not_parameters]."""
+    """(renames, not-parameter rules): the shared ones, the family's [names.rename] / [names.not_parameters], its buffers."""
     names = model.recipe.names
-    return {**COMMON_RENAME, **names.get("rename", {})}, {**COMMON_NOT_PARAMETERS, **names.get("not_parameters", {})}
+    rules = {**COMMON_NOT_PARAMETERS, **buffers(model.tree), **names.get("not_parameters", {})}
+    return {**names.get("rename", {}), **COMMON_RENAME}, rules
 
 
 def not_parameter(name: str, layer: int | None, rules: dict[str, str], layers: int | None) -> str | None:
@@ -233,20 +227,17 @@ def not_parameter(name: str, layer: int | None, rules: dict[str, str], layers: i
 
 
 def normalise(name: str, renames: dict[str, str]) -> tuple[int | None, list[str]]:
-    """(layer index or None, canonical names) for a stored name: prefixes, indices and family spellings removed."""
-    while name.startswith(PREFIXES):
-        name = name.split(".", 1)[1]
+    """(layer index or None, model names) for a stored name: prefix, indices and family spellings removed."""
+    name = strip(name)
     for suffix in PACKED_FORMATS:
         name = name.removesuffix(suffix)
-    name = EXPERT.sub(".experts.", name)
+    layer = LAYER.match(name)
+    name = INDEX.sub("", name)
     for pattern, replacement in renames.items():
         name = re.sub(pattern, replacement, name)
-    layer = LAYER.match(name)
-    if layer:
-        name = "layers." + name[layer.end():]
     fused = re.search(r"\{([^}]*)\}", name)
     names = [name[: fused.start()] + part + name[fused.end():] for part in fused.group(1).split(",")] if fused else [name]
-    return (int(layer.group(1)) if layer else None), names
+    return (int(layer.group(2)) if layer else None), names
 
 
 def pattern(name: str) -> str:
@@ -276,7 +267,7 @@ def fits(expr: sp.Expr, target: int, values: dict[str, int]) -> list[tuple[str, 
     """(symbol, value) pairs, one symbol changed, that make `expr` equal `target`: what the checkpoint's shape says."""
     out = []
     for sym in sorted(expr.free_symbols, key=str):
-        others = {SYMBOLS[k]: sp.Integer(v) for k, v in values.items() if k in SYMBOLS and k != sym.name}
+        others = {make(k): sp.Integer(v) for k, v in values.items() if k != sym.name}
         x = sp.Symbol(sym.name, positive=True)  # real: an integer symbol would hide roots from solve
         for root in sp.solve(sp.Eq(expr.xreplace(others).xreplace({sym: x}), target), x):
             if root.is_Integer and root > 0 and int(root) != values.get(sym.name):
@@ -284,20 +275,20 @@ def fits(expr: sp.Expr, target: int, values: dict[str, int]) -> list[tuple[str, 
     return out
 
 
-def explain(symbol: str, value: int, values: dict[str, int]) -> str:
+def explain(symbol: str, value: int, values: dict[str, int], model: Model) -> str:
     """A solved value in words: the config key to change, and what the value means where it has a name."""
-    keys = BY_NAME[symbol].keys
+    keys = model.recipe.config_keys(symbol)
     said = f"{keys[0]} = {values[symbol]}" if keys and symbol in values else f"{symbol} = {values.get(symbol)}"
     named = next((text for (s, other), text in EXPLANATIONS.items() if s == symbol and values.get(other) == value), None)
-    base = f"fits {symbol} = {value} ({BY_NAME[symbol].meaning}; the config says {said})"
+    base = f"fits {symbol} = {value} ({model.recipe.symbols[symbol].meaning}; the config says {said})"
     return f"{base}: {named}" if named else base
 
 
-def per_copy(copies: sp.Expr) -> str:
+def per_copy(copies: sp.Expr, model: Model) -> str:
     """Words for one copy of a multiplicity: " per layer", " per expert per layer", or ""."""
     names = {str(s) for s in copies.free_symbols}
-    words = [w for s, w in COPIES if s in names]
-    return "".join(f" per {w}" for w in dict.fromkeys(words))
+    words = (["expert"] if "n" in names else []) + (["layer"] if names & ({"N"} | set(model.recipe.layer_symbols)) else [])
+    return "".join(f" per {w}" for w in words)
 
 
 @dataclass
@@ -351,7 +342,7 @@ def describe(unit: Unit, model_tensors: dict[str, Expected], expected: int, foun
     if not parts or expected == 0 and not any(p.tied for p in parts):
         return f"{label}: stored ({len(unit.stored)} tensors, {found:,} values) but not part of the {model.recipe.title} model{where}{_switch_hint(model, label)}"
     if any(p.tied for p in parts) and found:
-        key = model.recipe.options["lm_head"]["tied"]
+        key = _tie_key(model)
         return (f"{label} ({bucket}): stored ({found:,} values) but the config ties the head to the input embedding "
                 f"({key} = true): if the head is trained separately, set {key} to false; if it is a copy, the file stores it twice")
     per_copy_expr = sp.Add(*(sp.Mul(*p.shape) for p in parts))
@@ -360,29 +351,36 @@ def describe(unit: Unit, model_tensors: dict[str, Expected], expected: int, foun
         formula = sp.Add(*(p.expr for p in parts))
         said = f"expected {formula} = {expected:,}"
     else:
-        each = per_copy(copies)
+        each = per_copy(copies, model)
         said = f"expected {per_copy_expr} = {with_values(per_copy_expr, values)}{each} (x{evaluate(copies, values):,})"
     if not found:
-        flag = SWITCHES.get(label)
-        hint = f": the checkpoint ties the head to the input embedding; set {model.recipe.options['lm_head']['tied']} to true" if flag else _switch_hint(model, label)
+        tieable = bool(_tie_key(model)) and parts[0].bucket == "LM head"
+        hint = f": the checkpoint ties the head to the input embedding; set {_tie_key(model)} to true" if tieable else _switch_hint(model, label)
         return f"{label} ({bucket}): {said}, not stored{hint}"
     if fit is None:
         shapes = ", ".join(sorted({str(list(t.shape)) for t in unit.stored}))
         return f"{label} ({bucket}): {said}, found {found:,} values in {len(unit.stored)} tensors of shape {shapes}{where}"
     symbol, value = fit
     trial = {**values, symbol: value}
-    if copies is not None and SYMBOLS[symbol] in per_copy_expr.free_symbols:
-        got = f"found {with_values(per_copy_expr, trial)}{per_copy(copies)}"
+    if copies is not None and make(symbol) in per_copy_expr.free_symbols:
+        got = f"found {with_values(per_copy_expr, trial)}{per_copy(copies, model)}"
     else:
         got = f"found {found:,}"
-    return f"{label} ({bucket}): {said}, {got}{where}: {explain(symbol, value, values)}"
+    return f"{label} ({bucket}): {said}, {got}{where}: {explain(symbol, value, values, model)}"
+
+
+def _tie_key(model: Model) -> str:
+    """The config key that ties the head to the embedding ("tie_word_embeddings"), if the family reads one."""
+    rule = model.recipe.switches.get("tied")
+    return rule.text if rule is not None and rule.reads == (rule.text,) else ""
 
 
 def _switch_hint(model: Model, label: str) -> str:
     """For a bias stored but not expected (or the reverse): the config keys that switch biases."""
     if not label.endswith(".bias"):
         return ""
-    keys = [f"{key} = {str(model.flags.get(flag)).lower()}" for flag, key in model.recipe.flag_keys().items() if "bias" in flag]
+    keys = [f"{rule.text} = {str(model.flags.get(name)).lower()}" for name, rule in model.recipe.switches.items()
+            if "bias" in name and rule.reads == (rule.text,)]
     return f": check the bias switches ({', '.join(keys)})" if keys else ": the family has no bias here"
 
 

@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 import sympy as sp
 
-from symparam.config import MAY_BE_ZERO, resolve
+from symparam.config import resolve
 from symparam.errors import SymparamError
 from symparam.model import Model
 from symparam.recipes import Recipe
-from symparam.symbols import BY_NAME, SYMBOLS, TABLE, parse, symbol as lookup
+from symparam.rules import compile_rule
+from symparam.symbols import BY_NAME, SYMBOLS, make, parse, symbol as lookup
 from symparam.symbols import evaluate as exactly
 
 # Divisibility a design must keep: (symbol, the symbol it must be a multiple of, why).
@@ -25,9 +26,6 @@ CONSTRAINTS = (
 )
 INT64_MAX = 2**63 - 1
 MAX_STEPS = 100_000  # how far solve walks from a root to the nearest value meeting the constraints
-# Symbols config.resolve sets by the family's layout rule rather than from a config key or formula, and the symbols
-# each rule reads (N_dense from N; N_swa from N and whether W is set): they change with those, not polynomially.
-RULES = {"N_dense": ("N",), "N_swa": ("N", "W")}
 
 __all__ = ["solve", "Solution", "sensitivity", "sensitivities", "Sensitivity", "sweep", "sweep_config", "compile_count", "evaluate",
            "grid", "derived", "follow", "CONSTRAINTS"]
@@ -37,16 +35,22 @@ def derived(recipe: Recipe, config: Mapping[str, Any] | None = None, sets: Mappi
     """Symbols the config leaves to their default formula (h_d = d/h, h_kv = h, d_ff = 4d): they follow their inputs."""
     merged, sets = {**recipe.defaults, **(config or {})}, sets or {}
     return {
-        s.name: parse(s.fallback)
-        for s in TABLE
-        if s.fallback and s.name not in sets and not any(merged.get(k) is not None for k in recipe.config_keys(s.name))
+        s.name: parse(s.fallback, known=make)
+        for s in recipe.symbols.values()
+        if s.fallback and s.name not in sets and not any(merged.get(k) is not None for k in s.keys)
     }
+
+
+def rules(recipe: Recipe) -> dict[str, set[str]]:
+    """Layer-count symbols (N_dense, N_swa, N_linear, ...) and the symbols their rules read: N, and those read from the
+    config keys the rule names (N_swa reads W through sliding_window). They change with those, not polynomially."""
+    return {name: {"N"} | {s for s, d in recipe.symbols.items() if set(d.keys) & set(rule.reads)} for name, rule in recipe.layer_symbols.items()}
 
 
 def follow(expr: sp.Expr, formulas: Mapping[str, sp.Expr], only: set[str] | None = None) -> sp.Expr:
     """`expr` with derived symbols replaced by their formulas (those depending on `only`, if given), to a fixed point."""
     for _ in range(len(formulas) + 1):
-        subs = {SYMBOLS[name]: f for name, f in formulas.items() if SYMBOLS[name] in expr.free_symbols and (only is None or _depends(name, formulas, only))}
+        subs = {make(name): f for name, f in formulas.items() if make(name) in expr.free_symbols and (only is None or _depends(name, formulas, only))}
         if not subs:
             return expr
         expr = expr.xreplace(subs)
@@ -73,7 +77,7 @@ def meets(values: Mapping[str, int]) -> list[str]:
 def _ruled(recipe: Recipe, model: Model, values: Mapping[str, int], given: set[str], inputs: set[str]) -> list[str]:
     """Symbols config.resolve sets by a layout rule reading any of `inputs`, that the counts use and nobody gave."""
     used = {str(s) for s in model.symbols}
-    return [s for s, reads in RULES.items() if s in values and s in used and s not in given and set(reads) & inputs]
+    return [s for s, reads in rules(recipe).items() if s in values and s in used and s not in given and reads & inputs]
 
 
 # --- solve -----------------------------------------------------------------------------------------------------
@@ -125,7 +129,7 @@ def solve(recipe: Recipe, symbol: str, target: int, config: Mapping[str, Any] | 
     moving = {name for name in formulas if _depends(name, formulas, {symbol})}
     ruled = _ruled(recipe, model, base.values, set(sets) | {symbol}, {symbol})
     fixed = {k: v for k, v in base.values.items() if k != symbol and k not in moving and k not in ruled}
-    general = follow(model.total, formulas, {symbol}).xreplace({SYMBOLS[k]: sp.Integer(v) for k, v in fixed.items()})
+    general = follow(model.total, formulas, {symbol}).xreplace({make(k): sp.Integer(v) for k, v in fixed.items()})
     counted: dict[int, tuple[int, dict[str, int]] | None] = {}
 
     def exact(value: int) -> int | None:
@@ -193,7 +197,7 @@ def solve(recipe: Recipe, symbol: str, target: int, config: Mapping[str, Any] | 
         raise SymparamError(f"--for {symbol}: no allowed value near {starts[0]} meets the constraints")
     best = min(candidates.items(), key=lambda c: (abs(c[1] - target), c[0]))
     rules = counted[best[0]][1]
-    equation = general.xreplace({SYMBOLS[s]: sp.Integer(v) for s, v in rules.items()})
+    equation = general.xreplace({make(s): sp.Integer(v) for s, v in rules.items()})
     if ruled:
         roots = _roots(equation, sym, target)
         if not roots:
@@ -239,7 +243,7 @@ def _value(formula: sp.Expr, values: Mapping[str, int]) -> int | None:
 def _resolve_around(recipe: Recipe, config: dict[str, Any], sets: dict[str, int], symbol: str):
     """The config resolved with a stand-in value for the solved symbol (one that passes the config's checks)."""
     given = [v for v in sets.values() if v > 0]
-    guesses = [config_value for config_value in (_config_value(recipe, config, symbol),) if config_value] + [math.prod(given) if given else 1, 1, *given]
+    guesses = [config_value for config_value in (_config_value(recipe, config, symbol),) if config_value] + [1, math.prod(given) if given else 1, *given]
     first = None
     for guess in dict.fromkeys(guesses):
         try:
@@ -279,7 +283,7 @@ def sensitivity(model: Model, symbol: str, formulas: Mapping[str, sp.Expr] | Non
     derivative = sp.simplify(sp.diff(total, sym))
     if model.values is None:
         return Sensitivity(symbol, derivative, None, None, None)
-    values = {SYMBOLS[k]: sp.Integer(v) for k, v in model.values.items() if k in SYMBOLS}
+    values = {make(k): sp.Integer(v) for k, v in model.values.items() if k in SYMBOLS}
     at = derivative.xreplace(values)
     here, there = total.xreplace(values), total.xreplace({**values, sym: values[sym] + 1})
     elasticity = float(at * values[sym] / here) if here else None
@@ -397,7 +401,7 @@ def _column(name: str, values: Any) -> np.ndarray:
             raise SymparamError(f"sweep: column {name} must hold integers")
         ints = [int(x) for x in array]
         array = np.array(ints, dtype=np.int64 if all(-INT64_MAX <= x <= INT64_MAX for x in ints) else object)
-    low = 0 if name in MAY_BE_ZERO else 1
+    low = 0 if BY_NAME[name].zero else 1
     if array.size and array.min() < low:
         row = int(np.argmax(array < low))
         raise SymparamError(f"sweep: row {row}: {name} = {array[row]}: expected a {'non-negative' if low == 0 else 'positive'} integer ({BY_NAME[name].meaning})")
@@ -435,9 +439,7 @@ def _derive(name: str, formula: sp.Expr, columns: Mapping[str, np.ndarray], size
 def _needed(model: Model) -> set[str]:
     """The symbols config.resolve gives a value and checks for this model (as resolve's `needed`)."""
     needed = {str(s) for s in model.tree.expr.free_symbols | model.tree.active.free_symbols}
-    if model.recipe.options["attention"]["kind"] == "mha":
-        needed |= {"h", "h_d"}  # d x d attention: transformers still splits d into h heads of h_d
-    return needed
+    return needed | {name for rule in model.recipe.checks for name in compile_rule(rule, "check").reads if name in model.recipe.symbols and name in (model.values or {})}
 
 
 def _fractional_shapes(model: Model) -> list[tuple[str, sp.Expr]]:
@@ -464,15 +466,19 @@ def check(model: Model, values: Mapping[str, np.ndarray], used: set[str]) -> Non
             row = int(np.argmax(bad))
             raise SymparamError(f"sweep: row {row}: {text(row)}")
 
-    if {"h", "h_kv"} <= used:
-        h, h_kv = values["h"], values["h_kv"]
-        refuse(h % h_kv != 0, lambda i: f"h_kv = {h_kv[i]} does not divide h = {h[i]} (num_key_value_heads, num_attention_heads)")
-    if {"n", "k"} <= used:
-        n, k = values["n"], values["k"]
-        refuse(k > n, lambda i: f"k = {k[i]} experts per token is more than the n = {n[i]} experts")
-    if {"N", "N_dense"} <= used:
-        layers, dense = values["N"], values["N_dense"]
-        refuse(dense > layers, lambda i: f"N_dense = {dense[i]} dense layers is more than the N = {layers[i]} layers")
+    for text, message in model.recipe.checks.items():
+        rule = compile_rule(text, "check")
+        if set(rule.reads) <= used & set(values):
+            columns = {name: np.asarray(values[name]) for name in rule.reads}
+            try:  # comparisons and arithmetic work on whole columns
+                held = np.broadcast_to(np.asarray(rule(columns.get), dtype=bool), (len(next(iter(values.values()))),))
+            except (SymparamError, ValueError):  # and/or and chained comparisons need one row at a time
+                held = np.array([bool(rule(lambda k, i=i: columns[k][i])) for i in range(len(next(iter(values.values()))))])
+            refuse(~held, lambda i: message.format(**{name: int(c[i]) for name, c in columns.items()}))
+    for name in set(model.recipe.layer_symbols) & used & set(values):
+        if "N" in values:
+            layers, counted = values["N"], values[name]
+            refuse(counted > layers, lambda i: f"{name} = {counted[i]} {model.recipe.symbols[name].meaning} is more than the N = {layers[i]} layers")
     for path, dim in _fractional_shapes(model):
         if {str(s) for s in dim.free_symbols} <= set(values):
             top, bottom = (evaluate(c, values) for c in _ratio(dim))
@@ -510,8 +516,9 @@ def sweep_config(recipe: Recipe, config: Mapping[str, Any], columns: Mapping[str
     cols, size = _columns(columns)
     config, sets = dict(config), {k: v for k, v in (sets or {}).items() if k not in cols}
     base = _resolve_row(config, recipe, sets, cols, 0)
-    model = Model.from_resolved(base)
-    reads = {i for s in _ruled(recipe, model, base.values, set(sets) | set(cols), set(cols)) for i in RULES[s]} & set(cols)
+    model = Model(recipe, base.flags)  # every layer kind: a row may have layers the first row has none of
+    follows = rules(recipe)
+    reads = {i for s in _ruled(recipe, model, base.values, set(sets) | set(cols), set(cols)) for i in follows[s]} & set(cols)
     firsts, inverse = _distinct([cols[k] for k in sorted(reads)], size)
     resolved = [base if i == 0 else _resolve_row(config, recipe, sets, cols, i) for i in firsts]
     given = {}
@@ -580,7 +587,7 @@ def solution_text(sol: Solution) -> str:
     lines = [f"solve total({sol.symbol}) = {sol.target:,}", f"general:  total = {sol.general}"]
     if sol.follows:
         lines.append("follows:  " + ", ".join(f"{k} = {v}" for k, v in sol.follows.items()) + " (not set in the config)")
-    lines.append("fixed:    " + ", ".join(f"{k}={v}" for k, v in sol.fixed.items() if SYMBOLS[k] in sol.general.free_symbols))
+    lines.append("fixed:    " + ", ".join(f"{k}={v}" for k, v in sol.fixed.items() if make(k) in sol.general.free_symbols))
     if sol.rules:
         lines.append("rules:    " + ", ".join(f"{k} = {v}" for k, v in sol.rules.items())
                      + f" at {sol.symbol} = {sol.best[0]} (the family's layout rule, recomputed at every {sol.symbol})")

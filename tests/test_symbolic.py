@@ -10,7 +10,7 @@ from symparam.recipes import REGISTRY
 from symparam.symbols import N, N_dense, V, d, d_ff, g, h, h_d, h_kv, k, n
 
 FAMILIES = sorted(recipe.family for recipe in REGISTRY)
-MOE_FAMILIES = sorted(recipe.family for recipe in REGISTRY if recipe.has_moe)
+MOE_FAMILIES = sorted(f for f in FAMILIES if symparam.family(f).total != symparam.family(f).active)
 # Families whose attention is bare projections by default: no biases, no q/k norms, no sinks.
 PLAIN_GQA = ["gemma2", "llama", "mistral", "mixtral", "phi3"]
 MHA_PER_HEAD = {h_d: d / h}  # h*h_d = d
@@ -52,7 +52,10 @@ def test_one_expert_moe_is_its_dense_ffn_plus_a_router():
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_inactive_parameters_are_never_negative(family):
     spare_experts, moe_layers = sp.Symbol("m", integer=True, nonnegative=True), sp.Symbol("L", integer=True, nonnegative=True)
-    inactive = (symparam.family(family).total - symparam.family(family).active).subs({n: k + spare_experts, N: N_dense + moe_layers})
+    model = symparam.family(family)
+    counted = [sp.Symbol(name, integer=True, positive=True) for name in model.recipe.layer_symbols]
+    # every remainder N - (layer counts) is a number of layers: N is the layer counts plus L >= 0 more
+    inactive = (model.total - model.active).subs({n: k + spare_experts, N: sp.Add(*counted) + moe_layers})
     assert sp.factor(sp.expand(inactive)).is_nonnegative
 
 

@@ -220,10 +220,8 @@ def test_index_only_dtype_hint(tmp_path, size, hint):
 
 
 def test_a_new_family_is_one_recipe(tmp_path):
-    """Layer list, embedding and final-norm names come from the recipe's [names] tables, not from verify's code: a
-    checkpoint that calls GPT-2's layer list `blocks` matches a copy of the recipe that says so, and not the shipped one."""
-    from importlib import resources
-
+    """Checkpoint names come from recipe data, not from verify's code: a checkpoint that calls GPT-2's layer list
+    `blocks` matches a user's recipe that extends gpt2 and renames it, and not the shipped one."""
     from symparam.recipes import load_recipe
 
     config = save_tiny("gpt2", tmp_path)
@@ -231,9 +229,7 @@ def test_a_new_family_is_one_recipe(tmp_path):
     renamed = tmp_path / "renamed" / "model.safetensors"
     renamed.parent.mkdir()
     write_safetensors(renamed, {name.replace(".h.", ".blocks."): (info["dtype"], info["shape"]) for name, info in header.items() if name != "__metadata__"})
-    shipped = resources.files("symparam.recipes").joinpath("gpt2.toml").read_text()
-    assert "'^h\\.' = " in shipped
-    (tmp_path / "blocks.toml").write_text(shipped.replace("'^h\\.' = ", "'^blocks\\.' = ").replace('family = "gpt2"', 'family = "gpt2_blocks"'))
+    (tmp_path / "blocks.toml").write_text('family = "gpt2_blocks"\nmodel_types = ["gpt2"]\nextends = "gpt2"\n[names.rename]\n\'^blocks\\.\' = "h."\n')
     report = verify(load(config, recipe=load_recipe(tmp_path / "blocks.toml")), renamed)
     assert report.match, report.mismatches
     assert not verify(load(config), renamed).match

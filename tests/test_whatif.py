@@ -223,7 +223,7 @@ def test_sweep_refuses_a_bad_row_naming_it(spec, message, capsys):
 
 def test_sweep_on_a_model_checks_every_row():
     model = load("deepseek-v3")  # the model's own N_dense = 3 stays: a row with fewer layers is refused, not negative
-    with pytest.raises(SymparamError, match="row 1: N_dense = 3 dense layers is more than the N = 2 layers"):
+    with pytest.raises(SymparamError, match="row 1: N_dense = 3 .* is more than the N = 2 layers"):
         sweep(model, {"N": np.array([61, 2])})
     with pytest.raises(SymparamError, match="row 2: k = 9"):
         sweep(load("mixtral-8x7b"), {"k": np.array([1, 2, 9])})

@@ -313,7 +313,7 @@ def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
             zero=bool(spec.get("zero", base.zero if base else layers is not None)),
         )
     for s in table.values():
-        define(SymbolDef(s.name, s.latex, s.meaning))
+        define(SymbolDef(s.name, s.latex, s.meaning, zero=s.zero))
     _no_cycles(table, source)
     return table
 
