@@ -13,6 +13,8 @@ from importlib import resources
 import jinja2
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
+from sympy.printing.precedence import PRECEDENCE
+from sympy.printing.str import StrPrinter
 
 from symparam.derive import ASSUMPTIONS, Derivation, derive
 from symparam.errors import SymparamError
@@ -23,14 +25,43 @@ FORMATS = {"markdown": "md", "latex": "tex"}
 LANGS = ("en", "zh")
 
 
+def as_written(printer, expr: sp.UnevaluatedExpr, times: str) -> str:
+    """A sum or product the derivation wrote in a chosen order (module order, the count first), printed in that order."""
+    arg = expr.args[0]
+    if arg.is_Add:
+        out = []
+        for term in arg.args:
+            text = printer._print(term)
+            out.append(text if not out else f"- {text[1:].lstrip()}" if text.startswith("-") else f"+ {text}")
+        return " ".join(out)
+    if arg.is_Mul:
+        return times.join(printer.parenthesize(f, PRECEDENCE["Mul"]) for f in arg.args)
+    return printer._print(arg)
+
+
 class Printer(LatexPrinter):
-    """SymPy's LaTeX printer with the vocabulary's names, step placeholders by title, and grouped digits."""
+    """SymPy's LaTeX printer with the vocabulary's names, step placeholders by title, grouped digits and written order kept."""
 
     def __init__(self, names: Mapping[sp.Symbol, str] | None = None):
         super().__init__({"symbol_names": {**LATEX_NAMES, **(names or {})}})
 
     def _print_Integer(self, expr: sp.Integer) -> str:
         return f"{int(expr):,}".replace(",", "{,}") if abs(expr) >= 10**5 else str(expr)
+
+    def _print_UnevaluatedExpr(self, expr: sp.UnevaluatedExpr) -> str:
+        return as_written(self, expr, " ")
+
+
+class TextPrinter(StrPrinter):
+    """SymPy's one-line printer with the written order kept: N*(2*d + ...) + d*(2*V + 1)."""
+
+    def _print_UnevaluatedExpr(self, expr: sp.UnevaluatedExpr) -> str:
+        return as_written(self, expr, "*")
+
+
+def text(expr: sp.Expr) -> str:
+    """An expression as one line of text, in the order the derivation wrote it."""
+    return TextPrinter().doprint(expr)
 
 
 _TEX_SPECIAL = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#", "%": r"\%", "_": r"\_", "^": r"\^{}", "~": r"\~{}", "<": r"\textless{}", ">": r"\textgreater{}"}
@@ -125,6 +156,7 @@ def placeholder_names(d: Derivation, words: Words) -> dict[sp.Symbol, str]:
     for step in d.steps:
         label = words.phrase("model") if step.index == 0 else words.word("titles", step.title)
         names[step.placeholder] = rf"P_{{\text{{{label}}}}}"
+        names[step.active_placeholder] = rf"P^{{\mathrm{{act}}}}_{{\text{{{label}}}}}"
         for ref in step.refs:
             names.setdefault(ref.placeholder, rf"P_{{\text{{{words.word('titles', ref.title)}}}}}")
     return names
