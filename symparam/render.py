@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import re
 import string
 import tomllib
 from collections.abc import Mapping
@@ -11,6 +13,9 @@ from functools import cache
 from importlib import resources
 
 import jinja2
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+from mdit_py_plugins.dollarmath import dollarmath_plugin
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.precedence import PRECEDENCE
@@ -18,6 +23,7 @@ from sympy.printing.str import StrPrinter
 
 from symparam.derive import ASSUMPTIONS, Derivation, derive
 from symparam.errors import SymparamError
+from symparam.figures import decimal
 from symparam.model import Model
 from symparam.symbols import BY_NAME, LATEX_NAMES, SYMBOLS
 
@@ -83,15 +89,6 @@ def ratio(x: Fraction) -> str:
     whole = x * 10**places
     text = str(whole.numerator).rjust(places + 1, "0")
     return text if not places else f"{text[:-places]}.{text[-places:]}"
-
-
-def decimal(x: Fraction | int, places: int = 2) -> str:
-    """An exact number rounded half away from zero to `places` decimals, e.g. "8.19" (the documents' B and %)."""
-    scaled = Fraction(x) * 10**places
-    whole = int(scaled + Fraction(1, 2)) if scaled >= 0 else -int(-scaled + Fraction(1, 2))
-    sign = "-" if whole < 0 else ""
-    q, r = divmod(abs(whole), 10**places)
-    return f"{sign}{q}.{r:0{places}d}" if places else f"{sign}{q}"
 
 
 def escape_tex(text: str) -> str:
@@ -192,12 +189,12 @@ def environment(fmt: str, lang: str, d: Derivation | None = None) -> jinja2.Envi
     return env
 
 
-def render(d: Derivation, fmt: str = "markdown", lang: str = "en", fragment: bool = False) -> str:
-    """A derivation as a Markdown or LaTeX document (or a LaTeX fragment for \\input)."""
+def render(d: Derivation, fmt: str = "markdown", lang: str = "en", fragment: bool = False, brief: bool = False) -> str:
+    """A derivation as a Markdown or LaTeX document (or a LaTeX fragment for \\input); brief: the chain and the component table only."""
     ext = FORMATS.get(fmt, fmt)
     if ext not in ESCAPE:
         raise SymparamError(f"format: unknown {fmt!r}; known: {', '.join(FORMATS)}")
-    return environment(ext, lang, d).get_template(f"derivation.{ext}.j2").render(d=d, fragment=fragment)
+    return environment(ext, lang, d).get_template(f"derivation.{ext}.j2").render(d=d, fragment=fragment, brief=brief)
 
 
 def examples_page(lang: str = "en") -> str:
@@ -205,6 +202,33 @@ def examples_page(lang: str = "en") -> str:
     from symparam.examples import examples
 
     return environment("md", lang).get_template("examples.md.j2").render(examples=examples())
+
+
+def katex_assets() -> tuple[str, str]:
+    """KaTeX's script and stylesheet as shipped in symparam/assets/katex, with its woff2 fonts inlined as data URIs."""
+    root = resources.files("symparam").joinpath("assets", "katex")
+
+    def font(match: re.Match) -> str:
+        data = base64.b64encode(root.joinpath("fonts", f"{match[1]}.woff2").read_bytes()).decode("ascii")
+        return f'src:url(data:font/woff2;base64,{data}) format("woff2")'
+
+    css = re.sub(r"src:url\(fonts/([\w-]+)\.woff2\)[^;}]*", font, root.joinpath("katex.min.css").read_text(encoding="utf-8"))
+    return root.joinpath("katex.min.js").read_text(encoding="utf-8"), css
+
+
+def page(markdown: str, title: str, lang: str = "en") -> str:
+    """Markdown with $...$ math as one self-contained HTML page: tables and math as HTML elements, KaTeX inlined."""
+    parser = MarkdownIt("commonmark", {"html": False}).enable("table").use(dollarmath_plugin, double_inline=True)
+    script, css = katex_assets()
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(_load), undefined=jinja2.StrictUndefined, autoescape=True)
+    return env.get_template("page.html.j2").render(
+        title=title, lang=lang, body=Markup(parser.render(markdown)), katex_js=Markup(script.replace("</script", "<\\/script")), katex_css=Markup(css)
+    )
+
+
+def html(d: Derivation, lang: str = "en", brief: bool = False) -> str:
+    """A derivation as one self-contained HTML page whose math renders offline."""
+    return page(render(d, "markdown", lang, brief=brief), catalog(lang)["phrases"]["heading"].format(name=d.name), lang)
 
 
 class Explanation:
