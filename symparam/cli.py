@@ -65,19 +65,17 @@ def model_from(args: argparse.Namespace, named: tuple[dict, Recipe | None, str] 
     return Model.from_resolved(resolve(raw, recipe, parse_sets(args.sets), name))
 
 
-def billions(x: int) -> str:
-    """A count in B (10^9), M or K, two decimals."""
-    scale, unit = next((s, u) for s, u in ((10**9, "B"), (10**6, "M"), (10**3, "K"), (1, "")) if x >= s)
-    return f"{x / scale:.2f} {unit}".rstrip()
-
-
 def formula(expr: sp.Expr) -> str:
-    """An expression as one readable line, factored where that is shorter."""
-    factored = sp.factor(expr)
-    return str(factored if len(str(factored)) < len(str(expr)) else expr)
+    """A component's formula as one line, written by layer kind as the derivation writes it."""
+    from symparam.render import text
+
+    return text(expr)
 
 
 def cmd_count(args: argparse.Namespace) -> str:
+    from symparam.derive import grouped
+    from symparam.figures import percent, scaled
+
     model = model_from(args)
     count = model.count()
     if args.json:
@@ -90,9 +88,9 @@ def cmd_count(args: argparse.Namespace) -> str:
         figures.append(("active", count.active, "; one token's share of the routed experts"))
     figures.append(("active without input embedding", count.active_without_embedding, "; as vendors often quote"))
     title = model.name if model.name == model.recipe.title else f"{model.name} ({model.recipe.title})"
-    lines = [title] + [f"{label:<31}{n:>19,}  ({billions(n)}{why})" for label, n, why in figures]
+    lines = [title] + [f"{label:<31}{n:>19,}  ({scaled(n)}{why})" for label, n, why in figures]
     tied = " (tied: stored once, in the input embedding)" if model.flags.get("tied") else ""
-    rows = [(c + (tied if c == "LM head" else ""), formula(model.components[c]), f"{n:,}", f"{100 * n / count.total:.2f}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
+    rows = [(c + (tied if c == "LM head" else ""), formula(grouped(model.tree, bucket=c)), f"{n:,}", f"{percent(n, count.total)}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
     header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
     table = [header] + [r if moe else r[:4] for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
@@ -259,18 +257,21 @@ def add_derive(parser: argparse.ArgumentParser) -> None:
     fmt = parser.add_mutually_exclusive_group(required=True)
     fmt.add_argument("--latex", action="store_const", const="latex", dest="format", help="a LaTeX document")
     fmt.add_argument("--markdown", action="store_const", const="markdown", dest="format", help="Markdown with $...$ math")
+    fmt.add_argument("--html", action="store_const", const="html", dest="format", help="one self-contained HTML page (math renders offline)")
     parser.add_argument("--lang", choices=("en", "zh"), default="en", help="English or Chinese (default en)")
+    parser.add_argument("--brief", action="store_true", help="only the chain of equations and the component table")
     parser.add_argument("--fragment", action="store_true", help="LaTeX without preamble, for \\input")
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of printing")
 
 
 def cmd_derive(args: argparse.Namespace) -> str:
     from symparam.derive import derive
-    from symparam.render import render
+    from symparam.render import html, render
 
     given_values = args.model or args.config or args.sets
     model = model_from(args) if given_values else Model(source(args)[1])  # no values: purely symbolic
-    text = render(derive(model), args.format, args.lang, args.fragment)
+    d = derive(model)
+    text = html(d, args.lang, args.brief) if args.format == "html" else render(d, args.format, args.lang, args.fragment, args.brief)
     if not args.output:
         return text.rstrip("\n")
     write_atomic(Path(args.output), text)
@@ -303,7 +304,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "flops": ("forward and training FLOPs per token", lambda p: (add_source(p), add_context(p)), cmd_flops),
     "shapes": ("tensor shapes through one forward pass", lambda p: (add_source(p), add_context(p, required=True)), cmd_shapes),
     "plot": ("charts of the parameter distribution (a family's sizes, or one model)", add_plot, cmd_plot),
-    "derive": ("step-by-step derivation as LaTeX or Markdown, English or Chinese", add_derive, cmd_derive),
+    "derive": ("step-by-step derivation as LaTeX, Markdown or HTML, English or Chinese", add_derive, cmd_derive),
     "docs": ("regenerate generated/ (or --check that it is current)", add_docs, cmd_docs),
     "verify": ("compare with a safetensors checkpoint's headers; exit 1 on a mismatch", add_verify, cmd_verify),
     "solve": ("the integer values of a symbol closest to a target total", add_solve, cmd_solve),

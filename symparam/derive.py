@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import sympy as sp
 
-from symparam.components import Term, leaves
-from symparam.model import Model
+from symparam.components import ONE, ZERO, Term, leaves
+from symparam.model import Count, Model
 from symparam.symbols import N, V, d, d_ff, evaluate, g, h, h_d, h_kv
 
 # The documents' FFN multiplier d_ff/d: a ratio, not a dimension, so it lives here and not in the vocabulary.
@@ -52,7 +52,7 @@ class ClosedForm:
     """An expression, its simplified form under the assumptions that change it, and how a config fares."""
 
     general: sp.Expr
-    simplified: sp.Expr
+    simplified: sp.Expr  # written form (.doit() for the plain expression)
     assumptions: tuple[Assumption, ...]  # the ones that changed the expression
     checks: tuple[Check, ...]  # empty without values
     value: int | None  # the general form at the config's values
@@ -104,20 +104,32 @@ class Step:
     path: str  # module path, e.g. "model.layers.self_attn"
     title: str  # the component bucket or the module's label, e.g. "attention"
     placeholder: sp.Symbol  # P_i, the name other steps use for this one
+    active_placeholder: sp.Symbol  # P_i^act, one token's share of it
     factors: tuple[Factor, ...]
     refs: tuple[Ref, ...]
-    formula: sp.Expr  # factors and placeholders
+    formula: sp.Expr  # factors and placeholders, written in module order
     expanded: sp.Expr  # in the vocabulary's symbols, one copy
+    written: sp.Expr  # the same, written in module order
     active_formula: sp.Expr
     active_expanded: sp.Expr
-    substituted: sp.Expr | None  # the expanded form with numbers in place, unevaluated
+    active_written: sp.Expr
+    substituted: sp.Expr | None  # the written form with numbers in place, unevaluated
     value: int | None
     active_value: int | None
     closed: ClosedForm | None  # where an assumption simplifies it
 
     @property
     def has_active(self) -> bool:
-        return sp.simplify(self.active_expanded - self.expanded) != 0
+        return sp.expand(self.active_expanded - self.expanded) != 0
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The document-style chain from the model down to its closed form and number: each line equals the one before."""
+
+    lhs: sp.Symbol  # P_model or P_model^act
+    lines: tuple[tuple[sp.Expr, ...], ...]  # each line's summands: one per layer kind, then the rest
+    value: int | None
 
 
 @dataclass(frozen=True)
@@ -125,11 +137,11 @@ class Row:
     """A line of the component table: total and active, with shares of the model's totals."""
 
     component: str
-    formula: sp.Expr
-    total: int
-    active: int
-    share: Fraction
-    active_share: Fraction
+    formula: sp.Expr  # written by layer kind
+    total: int | None  # None when purely symbolic
+    active: int | None
+    share: Fraction | None
+    active_share: Fraction | None
     tied: bool
 
 
@@ -168,6 +180,8 @@ class Derivation:
     flags: dict[str, bool]
     values: dict[str, int] | None
     symbols: tuple[sp.Symbol, ...]
+    chain: Chain
+    active_chain: Chain | None  # for a mixture of experts
     steps: tuple[Step, ...]
     total: sp.Expr
     active: sp.Expr
@@ -180,7 +194,7 @@ class Derivation:
 
     @property
     def moe(self) -> bool:
-        return sp.simplify(self.total - self.active) != 0
+        return self.active_chain is not None
 
     @property
     def tied(self) -> bool:
@@ -192,26 +206,128 @@ def exact(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None, what: str = "")
     return None if values is None else evaluate(expr, values, what)
 
 
+def merged(terms) -> list[sp.Expr]:
+    """Like terms added up, each where it first appears (module order): V d + d + V d -> 2 V d + d."""
+    out: dict[sp.Expr, sp.Expr] = {}
+    for term in terms:
+        coeff, rest = term.as_coeff_Mul()
+        out[rest] = out.get(rest, ZERO) + coeff
+    return [c * rest for rest, c in out.items() if c != 0]
+
+
+def monomials(parts) -> list[sp.Expr]:
+    """The monomials of a sum of parts, like terms merged, in the order they first appear (module order)."""
+    return merged(term for part in parts for term in sp.Add.make_args(sp.expand(part)))
+
+
+def degree(term: sp.Expr) -> int:
+    """A monomial's degree in the symbols (denominators not counted): 2 d h h_d has 3, d^2 (2 + 2/g) has 2."""
+    return sum(int(e) for b, e in (f.as_base_exp() for f in sp.Mul.make_args(term)) if b.is_Symbol and e > 0)
+
+
+def polynomial(parts) -> list[sp.Expr]:
+    """Monomials as a person writes a polynomial: highest degree first, module order among equals."""
+    return sorted(monomials(parts), key=lambda t: -degree(t))
+
+
+def written(terms) -> sp.Expr:
+    """A sum kept in the given order (an UnevaluatedExpr the printers lay out as it stands); .doit() gives the plain sum."""
+    terms = [t for t in terms if t != 0]
+    if not terms:
+        return ZERO
+    return terms[0] if len(terms) == 1 else sp.UnevaluatedExpr(sp.Add(*terms, evaluate=False))
+
+
+def size(term: sp.Expr) -> int:
+    """How many symbol factors a monomial has, numerator and denominator, with multiplicity: 2 d^2/g has 3."""
+    return sum(abs(int(e)) for b, e in (f.as_base_exp() for f in sp.Mul.make_args(term)) if b.is_Symbol)
+
+
+def assume(term: sp.Expr) -> tuple[sp.Expr, tuple[Assumption, ...]]:
+    """A monomial under the assumptions, where they make it no longer (2 d h h_d -> 2d^2, but 2h_d stays 2h_d)."""
+    out, used = term, ()
+    for a in ASSUMPTIONS:
+        if a.needs in out.free_symbols:
+            after = sp.expand(out.subs(dict(a.subs)))
+            if after != out:
+                out, used = after, used + (a,)
+    return (out, used) if used and size(out) <= size(term) else (term, ())
+
+
+def by_ratio(terms) -> list[sp.Expr]:
+    """Terms that differ only in powers of g written together, as the documents do: 2d^2 + 2d^2/g = d^2(2 + 2/g)."""
+    groups: dict[sp.Expr, list[sp.Expr]] = {}
+    for term in terms:
+        independent, ratio = term.as_independent(g, as_Add=False)
+        coeff, key = independent.as_coeff_Mul()
+        groups.setdefault(key, []).append(coeff * ratio)
+    return [key * sp.Add(*parts) if len(parts) > 1 else key * parts[0] for key, parts in groups.items()]
+
+
+def simplify_under(terms) -> tuple[list[sp.Expr], tuple[Assumption, ...]]:
+    """Monomials (in order) under the assumptions, grouped by g, and which assumptions changed them."""
+    out, used = [], set()
+    for term in terms:
+        after, by = assume(term)
+        out.append(after)
+        used.update(by)
+    return sorted(by_ratio(monomials(out)), key=lambda t: -degree(t)), tuple(a for a in ASSUMPTIONS if a in used)
+
+
+def split(t: Term, active: bool = False, bucket: str | None = None, mult: sp.Expr = ONE, layer: Term | None = None):
+    """Every tensor's count per copy of its layer kind (the outermost repeated group), in module order: (layer, count, bucket)."""
+    bucket = t.component or bucket
+    if layer is None and t.times != 1:
+        layer, mult = t, ONE
+    else:
+        mult = mult * (t.active_times if active else t.times)
+    if t.is_leaf:
+        yield layer, mult * t.each, bucket
+    for c in t.children:
+        yield from split(c, active, bucket, mult, layer)
+
+
+def by_layer(tree: Term, active: bool = False, bucket: str | None = None) -> dict[Term | None, list[sp.Expr]]:
+    """Monomials per copy of each layer kind, and those outside any (key None), in module order."""
+    layers: dict[int, Term | None] = {}
+    parts: dict[int, list[sp.Expr]] = {}
+    for layer, count, b in split(tree, active):
+        if bucket is None or b == bucket:
+            layers[id(layer)] = layer
+            parts.setdefault(id(layer), []).append(count)
+    return {layers[i]: terms for i, p in parts.items() if (terms := polynomial(p))}
+
+
+def copies(layer: Term, active: bool) -> sp.Expr:
+    return layer.active_times if active else layer.times
+
+
+def grouped(tree: Term, active: bool = False, bucket: str | None = None, rewrite=None, model: bool = False) -> sp.Expr:
+    """The count written by layer kind: N(...) per kind in module order, then the rest; a model's embedding and head terms factored, d(2V + 1)."""
+    rewrite = rewrite or (lambda terms: terms)
+    parts = by_layer(tree, active, bucket)
+    out = [product(copies(layer, active), written(rewrite(terms))) for layer, terms in parts.items() if layer is not None]
+    if None in parts:
+        rest = rewrite(parts[None])
+        out.append(sp.factor_terms(sp.Add(*rest)) if model and out else written(rest))
+    return written(out)
+
+
+def product(times: sp.Expr, expr: sp.Expr) -> sp.Expr:
+    """times x expr with a count that is a sum, or a sum, written first, "(N - N_dense)(...)"; .doit() multiplies."""
+    if times == 1:
+        return expr
+    if isinstance(expr, sp.UnevaluatedExpr) or expr.is_Add:
+        return sp.UnevaluatedExpr(sp.Mul(times, expr, evaluate=False))
+    if times.is_Add:  # 3 (N - N_dense) d d_moe n
+        coeff, rest = expr.as_coeff_Mul()
+        return sp.UnevaluatedExpr(sp.Mul(*([coeff] if coeff != 1 else []), times, *sp.Mul.make_args(rest), evaluate=False))
+    return times * expr
+
+
 def substituted(expr: sp.Expr, values: Mapping[sp.Symbol, int]) -> sp.Expr:
     """The expression with each symbol replaced by its number, kept unevaluated to show the step."""
-    return sp.expand(expr).xreplace({s: sp.UnevaluatedExpr(sp.Integer(v)) for s, v in values.items()})
-
-
-def simplify_under(expr: sp.Expr, assumptions=ASSUMPTIONS) -> tuple[sp.Expr, tuple[Assumption, ...]]:
-    """The expression after each assumption's substitution that changes it, and which ones did."""
-    used = []
-    for a in assumptions:
-        if a.needs not in expr.free_symbols:
-            continue
-        after = sp.expand(expr.subs(dict(a.subs)))
-        if after != expr:
-            expr, used = after, used + [a]
-    return tidy(expr), tuple(used)
-
-
-def tidy(expr: sp.Expr) -> sp.Expr:
-    """Grouped the way the documents write it: by N, then by d^2."""
-    return sp.collect(sp.expand(expr), N, func=lambda part: sp.collect(part, d**2))
+    return expr.xreplace({s: sp.UnevaluatedExpr(sp.Integer(v)) for s, v in values.items()})
 
 
 def with_g(values: Mapping[sp.Symbol, int]) -> dict[sp.Symbol, int]:
@@ -222,15 +338,24 @@ def with_g(values: Mapping[sp.Symbol, int]) -> dict[sp.Symbol, int]:
     return out
 
 
-def closed_form(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None, what: str = "") -> ClosedForm:
-    simplified, used = simplify_under(sp.expand(expr))
+def closed_form(general: sp.Expr, tree: Term, values: Mapping[sp.Symbol, int] | None, what: str = "", model: bool = False) -> ClosedForm:
+    """The closed form of `general`, the count of `tree`, written by layer kind."""
+    used: set[Assumption] = set()
+
+    def rewrite(part):
+        out, by = simplify_under(part)
+        used.update(by)
+        return out
+
+    simplified = grouped(tree, rewrite=rewrite, model=model)
+    assumptions = tuple(a for a in ASSUMPTIONS if a in used)
     checks: tuple[Check, ...] = ()
     simplified_value = None
     if values is not None:
         full = with_g(values)
-        checks = tuple(Check(a, int(a.lhs.xreplace(full)), int(a.rhs.xreplace(full))) for a in used)
-        simplified_value = sp.Rational(simplified.xreplace(full))
-    return ClosedForm(expr, simplified, used, checks, exact(expr, values, what), simplified_value)
+        checks = tuple(Check(a, int(a.lhs.xreplace(full)), int(a.rhs.xreplace(full))) for a in assumptions)
+        simplified_value = sp.Rational(simplified.doit().xreplace(full))
+    return ClosedForm(general, simplified, assumptions, checks, exact(general, values, what), simplified_value)
 
 
 def is_step(t: Term, bucket: str | None, root: bool = False) -> bool:
@@ -243,7 +368,7 @@ def is_step(t: Term, bucket: str | None, root: bool = False) -> bool:
 
 def title(t: Term) -> str:
     """What a step is called: its component bucket where it starts one, else the module's label."""
-    return t.component if t.component and t.component != "LM head" else t.label
+    return t.component if t.component and t.component != "LM head" and t.times == 1 else t.label
 
 
 class _Walker:
@@ -254,43 +379,57 @@ class _Walker:
         self.values = values
         self.steps: list[Step | None] = []
         self.seen: dict[tuple[Term, str | None], int] = {}
+        self.of: dict[int, int] = {}  # id of a module -> its step
+
+    def placeholder(self, t: Term, active: bool = False) -> sp.Symbol | None:
+        """The name of a module's step (one token's share where that differs), or None when it has none."""
+        step = self.steps[self.of[id(t)]] if id(t) in self.of else None
+        if step is None:
+            return None
+        return step.active_placeholder if active and step.has_active else step.placeholder
 
     def walk(self, t: Term, path: str, bucket: str | None) -> int:
         key = (t, bucket)
         if key in self.seen:
+            self.of[id(t)] = self.seen[key]
             return self.seen[key]
         index = len(self.steps)
-        self.seen[key] = index
+        self.seen[key] = self.of[id(t)] = index
         self.steps.append(None)
         bucket = t.component or bucket
         factors: list[Factor] = []
         refs: list[Ref] = []
-        self._collect(t, path, bucket, factors, refs, top=True)
-        formula = sp.Add(*(f.count for f in factors), *(r.times * r.placeholder for r in refs))
-        active_formula = sp.Add(*(f.count for f in factors), *(r.active_times * r.placeholder for r in refs))
+        parts: list[sp.Expr] = []
+        active_parts: list[sp.Expr] = []
+        self._collect(t, path, bucket, factors, refs, parts, active_parts)
         one = Term(t.key, t.label, t.note, t.shape, t.children, component=t.component, tied=t.tied)
         expanded, active_expanded = sp.expand(one.expr), sp.expand(one.active)
+        model = index == 0
+        terms = grouped(one, model=model)
         what = f"{self.name}: {path}"
-        closed = closed_form(expanded, self.values, what) if simplify_under(expanded)[1] else None
+        closed = closed_form(expanded, one, self.values, what, model) if simplify_under(monomials([expanded]))[1] else None
         self.steps[index] = Step(
             index=index,
             path=path,
             title=title(t),
             placeholder=sp.Symbol(f"P_{index}"),
+            active_placeholder=sp.Symbol(f"P_{index}^act"),
             factors=tuple(factors),
             refs=tuple(refs),
-            formula=formula,
+            formula=written(merged(parts)),
             expanded=expanded,
-            active_formula=active_formula,
+            written=terms,
+            active_formula=written(merged(active_parts)),
             active_expanded=active_expanded,
-            substituted=substituted(expanded, self.values) if self.values is not None else None,
+            active_written=grouped(one, active=True, model=model),
+            substituted=substituted(terms, self.values) if self.values is not None else None,
             value=exact(expanded, self.values, what),
             active_value=exact(active_expanded, self.values, f"{what} (active)"),
             closed=closed,
         )
         return index
 
-    def _collect(self, t: Term, path: str, bucket: str | None, factors: list[Factor], refs: list[Ref], top: bool) -> None:
+    def _collect(self, t: Term, path: str, bucket: str | None, factors: list[Factor], refs: list[Ref], parts: list[sp.Expr], active_parts: list[sp.Expr]) -> None:
         for c in t.children:
             sub = f"{path}.{c.key}"
             if is_step(c, bucket):
@@ -299,11 +438,40 @@ class _Walker:
                 step = None if times == 0 == active_times else self.walk(c, sub, bucket)
                 placeholder = self.steps[step].placeholder if step is not None and self.steps[step] else sp.Symbol(f"P_{len(self.steps)}_{len(refs)}")
                 refs.append(Ref(step, title(c), placeholder, c.times, c.active_times))
+                parts.append(product(c.times, placeholder))
+                active_parts.append(product(c.active_times, self.placeholder(c, active=True) or placeholder))
             elif c.is_leaf:
                 count = c.each
                 factors.append(Factor(c.label, c.note, c.shape, count, c.tied, exact(count, self.values, f"{self.name}: {sub}")))
+                parts.append(count)
+                active_parts.append(count)
             else:
-                self._collect(c, sub, c.component or bucket, factors, refs, top=False)
+                self._collect(c, sub, c.component or bucket, factors, refs, parts, active_parts)
+
+
+def chain(tree: Term, walker: _Walker, lhs: sp.Symbol, value: int | None, active: bool = False) -> Chain:
+    """P = N P_layer + 2Vd + d = N(P_norms + P_attention + P_FFN) + 2Vd + d = N(2d + ...) + d(2V + 1), per layer kind."""
+    parts = by_layer(tree, active)
+    layers = [layer for layer in parts if layer is not None]
+    outside = parts.get(None, [])
+
+    def inside(layer: Term) -> sp.Expr:
+        out = []
+        for c in layer.children:
+            p = walker.placeholder(c, active)
+            out.append(product(copies(c, active), p) if p is not None else written(polynomial(n * leaf.each for leaf, n, _, _ in leaves(c, active))))
+        return written(out)
+
+    def line(per_layer, rest) -> tuple[sp.Expr, ...]:
+        return tuple(product(copies(layer, active), per_layer(layer)) for layer in layers) + ((rest,) if rest != 0 else ())
+
+    lines = [
+        line(lambda layer: walker.placeholder(layer, active) or written(parts[layer]), written(outside)),
+        line(inside, written(outside)),
+        line(lambda layer: written(parts[layer]), sp.factor_terms(sp.Add(*outside))),
+    ]
+    unique = [x for i, x in enumerate(lines) if i == 0 or x != lines[i - 1]]
+    return Chain(lhs, tuple(unique), value)
 
 
 def matmuls(model: Model, attention: bool) -> sp.Expr:
@@ -350,15 +518,18 @@ def estimate(model: Model, subs: Mapping[sp.Symbol, int] | None, exact_total: in
     return Estimate(ESTIMATE, multiplier, Fraction(int(value.p), int(value.q)), exact_total, tuple(checks))
 
 
-def table(model: Model, total: int, active: int) -> tuple[Row, ...]:
-    """The component table; empty buckets are left out, a tied head is kept and marked."""
-    count = model.count()
+def table(model: Model, count: Count | None) -> tuple[Row, ...]:
+    """The component table, formulas written by layer kind; with a config, empty buckets are left out and a tied head is kept and marked."""
     rows = []
-    for c, n in count.components.items():
-        a = count.active_components[c]
+    for c in model.components:
         tied = c == "LM head" and bool(model.flags.get("tied"))
+        formula = grouped(model.tree, bucket=c)
+        if count is None:
+            rows.append(Row(c, formula, None, None, None, None, tied))
+            continue
+        n, a = count.components[c], count.active_components[c]
         if n or a or tied:
-            rows.append(Row(c, tidy(model.components[c]), n, a, Fraction(n, total), Fraction(a, active), tied))
+            rows.append(Row(c, formula, n, a, Fraction(n, count.total), Fraction(a, count.active), tied))
     return tuple(rows)
 
 
@@ -370,6 +541,8 @@ def derive(model: Model) -> Derivation:
     count = model.count() if subs is not None else None
     total_value = count.total if count else None
     active_value = count.active if count else None
+    root = walker.steps[0]
+    moe = sp.expand(model.total - model.active) != 0
     return Derivation(
         name=model.name,
         family=model.recipe.family,
@@ -377,16 +550,18 @@ def derive(model: Model) -> Derivation:
         flags=dict(model.flags),
         values={str(s): int(v) for s, v in subs.items()} if subs is not None else None,
         symbols=tuple(model.symbols),
+        chain=chain(model.tree, walker, root.placeholder, total_value),
+        active_chain=chain(model.tree, walker, root.active_placeholder, active_value, active=True) if moe else None,
         steps=tuple(walker.steps),
         total=model.total,
         active=model.active,
-        closed=closed_form(model.total, subs, f"{model.name}: total"),
+        closed=closed_form(model.total, model.tree, subs, f"{model.name}: total", model=True),
         total_value=total_value,
         active_value=active_value,
         active_without_embedding=count.active_without_embedding if count else None,
-        rows=table(model, total_value, active_value) if count else (),
+        rows=table(model, count),
         estimate=estimate(model, subs, total_value),
     )
 
 
-__all__ = ["ASSUMPTIONS", "Assumption", "ClosedForm", "Derivation", "Estimate", "Factor", "M", "Ref", "Row", "Step", "derive"]
+__all__ = ["ASSUMPTIONS", "Assumption", "Chain", "ClosedForm", "Derivation", "Estimate", "Factor", "M", "Ref", "Row", "Step", "derive", "grouped"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import sympy as sp
 
 from symparam.components import leaves
 from symparam.context import holders, substitution
+from symparam.figures import decimal
 from symparam.model import Model
 from symparam.symbols import S, evaluate
 
@@ -83,7 +85,7 @@ def text(r: dict[str, Any]) -> str:
         ("training FLOPs per token", r["training_flops_per_token"], f["training"]),
     ]
     lines = [f"{r['name']} ({r['family']}): FLOPs per token attending to S = {r['seq']:,} positions"]
-    lines += [f"{label:<31} {value:>22,}  ({value / 1e9:,.2f} G)  = {formula}" for label, value, formula in rows]
+    lines += [f"{label:<31} {value:>22,}  ({decimal(Fraction(value, 10**9))} G)  = {formula}" for label, value, formula in rows]
     if r["matmul_parameters_all_experts"] != r["matmul_parameters"]:
         lines.append(f"(all experts: {r['matmul_parameters_all_experts']:,} matmul parameters; one token uses M)")
     return "\n".join(lines + ["convention: " + r["convention"]])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import sympy as sp
 
 from symparam.context import holders, substitution
 from symparam.errors import SymparamError
+from symparam.figures import decimal
 from symparam.model import Model
 from symparam.symbols import B, S, W, b, evaluate
 
@@ -147,7 +149,7 @@ def text(r: dict[str, Any]) -> str:
     """The report as a few labelled lines (bytes, GB = 10^9, GiB = 2^30), formulas included."""
 
     def row(label: str, part: dict[str, Any]) -> str:
-        return f"{label:<10} {part['bytes']:>20,} bytes  {part['GB']:>10,.3f} GB  {part['GiB']:>10,.3f} GiB"
+        return f"{label:<10} {part['bytes']:>20,} bytes  {decimal(Fraction(part['bytes'], GB), 3):>10} GB  {decimal(Fraction(part['bytes'], GiB), 3):>10} GiB"
 
     kv = r["kv_cache"]
     window = f"; {kv['sliding_layers']} of the layers keep at most W = {kv['window']:,} tokens" if kv["window"] else ""
@@ -162,7 +164,7 @@ def text(r: dict[str, Any]) -> str:
         row("training", r["training"]) + "    = 16 * parameters",
         f"{'':<10} {r['training']['convention']}",
     ]
-    lines.append(f"{'':<10} = " + " + ".join(f"{name} {part['GB']:,.3f} GB" for name, part in r["training"]["parts"].items()))
+    lines.append(f"{'':<10} = " + " + ".join(f"{name} {decimal(Fraction(part['bytes'], GB), 3)} GB" for name, part in r["training"]["parts"].items()))
     lines.append("units: GB = 10^9 bytes, GiB = 2^30 bytes")
     return "\n".join(lines)
 

@@ -72,7 +72,8 @@ class Model:
     @cached_property
     def tree(self) -> Term:
         """The component tree every figure is computed from: with values, only the parts that config builds."""
-        return prune(self.recipe.build(self.flags), self.zeros) or self.recipe.build(self.flags)
+        absent = frozenset(str(s) for s in self.zeros)
+        return prune(self.recipe.build(self.flags, absent), self.zeros) or self.recipe.build(self.flags, absent)
 
     @cached_property
     def zeros(self) -> dict[sp.Symbol, sp.Integer]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import re
 import string
 import tomllib
 from collections.abc import Mapping
@@ -11,11 +13,17 @@ from functools import cache
 from importlib import resources
 
 import jinja2
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+from mdit_py_plugins.dollarmath import dollarmath_plugin
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
+from sympy.printing.precedence import PRECEDENCE
+from sympy.printing.str import StrPrinter
 
 from symparam.derive import ASSUMPTIONS, Derivation, derive
 from symparam.errors import SymparamError
+from symparam.figures import decimal
 from symparam.model import Model
 from symparam.symbols import BY_NAME, LATEX_NAMES, SYMBOLS
 
@@ -23,14 +31,43 @@ FORMATS = {"markdown": "md", "latex": "tex"}
 LANGS = ("en", "zh")
 
 
+def as_written(printer, expr: sp.UnevaluatedExpr, times: str) -> str:
+    """A sum or product the derivation wrote in a chosen order (module order, the count first), printed in that order."""
+    arg = expr.args[0]
+    if arg.is_Add:
+        out = []
+        for term in arg.args:
+            text = printer._print(term)
+            out.append(text if not out else f"- {text[1:].lstrip()}" if text.startswith("-") else f"+ {text}")
+        return " ".join(out)
+    if arg.is_Mul:
+        return times.join(printer.parenthesize(f, PRECEDENCE["Mul"]) for f in arg.args)
+    return printer._print(arg)
+
+
 class Printer(LatexPrinter):
-    """SymPy's LaTeX printer with the vocabulary's names, step placeholders by title, and grouped digits."""
+    """SymPy's LaTeX printer with the vocabulary's names, step placeholders by title, grouped digits and written order kept."""
 
     def __init__(self, names: Mapping[sp.Symbol, str] | None = None):
         super().__init__({"symbol_names": {**LATEX_NAMES, **(names or {})}})
 
     def _print_Integer(self, expr: sp.Integer) -> str:
         return f"{int(expr):,}".replace(",", "{,}") if abs(expr) >= 10**5 else str(expr)
+
+    def _print_UnevaluatedExpr(self, expr: sp.UnevaluatedExpr) -> str:
+        return as_written(self, expr, " ")
+
+
+class TextPrinter(StrPrinter):
+    """SymPy's one-line printer with the written order kept: N*(2*d + ...) + d*(2*V + 1)."""
+
+    def _print_UnevaluatedExpr(self, expr: sp.UnevaluatedExpr) -> str:
+        return as_written(self, expr, "*")
+
+
+def text(expr: sp.Expr) -> str:
+    """An expression as one line of text, in the order the derivation wrote it."""
+    return TextPrinter().doprint(expr)
 
 
 _TEX_SPECIAL = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#", "%": r"\%", "_": r"\_", "^": r"\^{}", "~": r"\~{}", "<": r"\textless{}", ">": r"\textgreater{}"}
@@ -52,15 +89,6 @@ def ratio(x: Fraction) -> str:
     whole = x * 10**places
     text = str(whole.numerator).rjust(places + 1, "0")
     return text if not places else f"{text[:-places]}.{text[-places:]}"
-
-
-def decimal(x: Fraction | int, places: int = 2) -> str:
-    """An exact number rounded half away from zero to `places` decimals, e.g. "8.19" (the documents' B and %)."""
-    scaled = Fraction(x) * 10**places
-    whole = int(scaled + Fraction(1, 2)) if scaled >= 0 else -int(-scaled + Fraction(1, 2))
-    sign = "-" if whole < 0 else ""
-    q, r = divmod(abs(whole), 10**places)
-    return f"{sign}{q}.{r:0{places}d}" if places else f"{sign}{q}"
 
 
 def escape_tex(text: str) -> str:
@@ -125,6 +153,7 @@ def placeholder_names(d: Derivation, words: Words) -> dict[sp.Symbol, str]:
     for step in d.steps:
         label = words.phrase("model") if step.index == 0 else words.word("titles", step.title)
         names[step.placeholder] = rf"P_{{\text{{{label}}}}}"
+        names[step.active_placeholder] = rf"P^{{\mathrm{{act}}}}_{{\text{{{label}}}}}"
         for ref in step.refs:
             names.setdefault(ref.placeholder, rf"P_{{\text{{{words.word('titles', ref.title)}}}}}")
     return names
@@ -160,12 +189,12 @@ def environment(fmt: str, lang: str, d: Derivation | None = None) -> jinja2.Envi
     return env
 
 
-def render(d: Derivation, fmt: str = "markdown", lang: str = "en", fragment: bool = False) -> str:
-    """A derivation as a Markdown or LaTeX document (or a LaTeX fragment for \\input)."""
+def render(d: Derivation, fmt: str = "markdown", lang: str = "en", fragment: bool = False, brief: bool = False) -> str:
+    """A derivation as a Markdown or LaTeX document (or a LaTeX fragment for \\input); brief: the chain and the component table only."""
     ext = FORMATS.get(fmt, fmt)
     if ext not in ESCAPE:
         raise SymparamError(f"format: unknown {fmt!r}; known: {', '.join(FORMATS)}")
-    return environment(ext, lang, d).get_template(f"derivation.{ext}.j2").render(d=d, fragment=fragment)
+    return environment(ext, lang, d).get_template(f"derivation.{ext}.j2").render(d=d, fragment=fragment, brief=brief)
 
 
 def examples_page(lang: str = "en") -> str:
@@ -173,6 +202,33 @@ def examples_page(lang: str = "en") -> str:
     from symparam.examples import examples
 
     return environment("md", lang).get_template("examples.md.j2").render(examples=examples())
+
+
+def katex_assets() -> tuple[str, str]:
+    """KaTeX's script and stylesheet as shipped in symparam/assets/katex, with its woff2 fonts inlined as data URIs."""
+    root = resources.files("symparam").joinpath("assets", "katex")
+
+    def font(match: re.Match) -> str:
+        data = base64.b64encode(root.joinpath("fonts", f"{match[1]}.woff2").read_bytes()).decode("ascii")
+        return f'src:url(data:font/woff2;base64,{data}) format("woff2")'
+
+    css = re.sub(r"src:url\(fonts/([\w-]+)\.woff2\)[^;}]*", font, root.joinpath("katex.min.css").read_text(encoding="utf-8"))
+    return root.joinpath("katex.min.js").read_text(encoding="utf-8"), css
+
+
+def page(markdown: str, title: str, lang: str = "en") -> str:
+    """Markdown with $...$ math as one self-contained HTML page: tables and math as HTML elements, KaTeX inlined."""
+    parser = MarkdownIt("commonmark", {"html": False}).enable("table").use(dollarmath_plugin, double_inline=True)
+    script, css = katex_assets()
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(_load), undefined=jinja2.StrictUndefined, autoescape=True)
+    return env.get_template("page.html.j2").render(
+        title=title, lang=lang, body=Markup(parser.render(markdown)), katex_js=Markup(script.replace("</script", "<\\/script")), katex_css=Markup(css)
+    )
+
+
+def html(d: Derivation, lang: str = "en", brief: bool = False) -> str:
+    """A derivation as one self-contained HTML page whose math renders offline."""
+    return page(render(d, "markdown", lang, brief=brief), catalog(lang)["phrases"]["heading"].format(name=d.name), lang)
 
 
 class Explanation:

@@ -27,21 +27,22 @@ def test_steps_compose_to_the_exact_count(name):
     values = model.substitution()
     for step in der.steps:  # a step's formula, each sub-step put in (none where the config has no copies), is its value
         parts = {r.placeholder: der.steps[r.step].expanded if r.step is not None else 0 for r in step.refs}
-        assert step.formula.xreplace(parts).xreplace(values) == step.value
+        assert step.formula.doit().xreplace(parts).xreplace(values) == step.value
+        assert sp.expand(step.written.doit() - step.expanded) == 0
 
 
 @pytest.mark.parametrize("recipe", list(REGISTRY), ids=lambda r: r.family)
 def test_closed_form_equals_general_form_under_its_assumptions(recipe):
     der = derive(symparam.Model(recipe))
     c = der.closed
-    back = c.simplified.xreplace({g: h / h_kv}).xreplace({d: h * h_d})
+    back = c.simplified.doit().xreplace({g: h / h_kv}).xreplace({d: h * h_d})
     assert sp.simplify(back - c.general.xreplace({d: h * h_d})) == 0
 
 
 def test_attention_is_d2_2_plus_2_over_g():
     der = derive(symparam.family("llama"))
     attention = next(s for s in der.steps if s.title == "attention")
-    assert sp.simplify(attention.closed.simplified - d**2 * (2 + 2 / g)) == 0
+    assert sp.simplify(attention.closed.simplified.doit() - d**2 * (2 + 2 / g)) == 0
     assert [a.key for a in attention.closed.assumptions] == ["heads_tile_d", "grouped_heads"]
 
 
@@ -75,8 +76,8 @@ def test_tied_head_breaks_the_estimate():
 
 def test_assumptions_are_data():
     assert [(a.lhs, a.rhs) for a in ASSUMPTIONS] == [(h * h_d, d), (h, g * h_kv)]
-    simplified, used = simplify_under(2 * d * h * h_d + 2 * d * h_kv * h_d)
-    assert sp.simplify(simplified - d**2 * (2 + 2 / g)) == 0 and len(used) == 2
+    simplified, used = simplify_under([2 * d * h * h_d, 2 * d * h_kv * h_d, 2 * h_d])
+    assert simplified == [d**2 * (2 + 2 / g), 2 * h_d] and len(used) == 2  # the lower-order 2h_d stays readable
 
 
 def test_errata_are_computed():
@@ -105,3 +106,72 @@ def test_a_fraction_is_an_error_naming_the_tensor(tmp_path):
     values = dict(N=2, V=10, d=8, h=2, h_kv=2, h_d=4, n=4, k=2, d_ff=7)
     with pytest.raises(SymparamError, match=r"^olmoe-thirds: model\.layers\..*gate_proj\.weight: 56/3 is not a whole number"):
         derive(symparam.Model(load_recipe(path), values=values, name="olmoe-thirds"))
+
+
+def test_the_documents_formulas_are_symparams_expressions():
+    """Typed in from the source documents where they are right; symparam's expressions must equal them exactly."""
+    from symparam.symbols import N, N_dense, V, d_ff, d_moe, n
+
+    # 003: Qwen3ForCausalLM and Qwen3MoeForCausalLM (its d_ff of an expert is our d_moe), total
+    qwen3 = N * (2 * d + 3 * d * d_ff + 2 * h * h_d * d + 2 * h_kv * h_d * d + 2 * h_d) + d * (2 * V + 1)
+    qwen3_moe = N * (2 * d + n * d + 3 * n * d * d_moe + h * h_d * d + 2 * h_kv * h_d * d + d * h * h_d + 2 * h_d) + d * (2 * V + 1)
+    assert sp.expand(symparam.family("qwen3").total - qwen3) == 0
+    assert sp.expand(symparam.family("qwen3_moe").total.subs(N_dense, 0) - qwen3_moe) == 0
+    # ... and so is the chain symparam prints, line by line
+    for line in derive(symparam.family("qwen3")).chain.lines[-1:]:
+        assert sp.expand(sp.Add(*line).doit() - qwen3) == 0
+    # 001: GQA self-attention per layer, 2 H d_head n_head + 2 H d_head n_head_kv = H^2 (2 + 2/group_size)
+    llama = derive(symparam.family("llama"))
+    attention = next(s for s in llama.steps if s.title == "attention")
+    assert sp.expand(attention.expanded - (2 * d * h_d * h + 2 * d * h_d * h_kv)) == 0
+    assert sp.expand(attention.closed.simplified.doit() - d**2 * (2 + 2 / g)) == 0
+    # 000: the classic model, untied, FFN 4d, LayerNorms of gamma and beta, no final norm: 57,987,072 at its config
+    classic = symparam.load("classic-512")
+    stated = 2 * V * d + N * ((4 * d * d + 4 * d) + (d * 4 * d + 4 * d * d + 4 * d + d) + 2 * (2 * d))
+    assert sp.expand(classic.total.subs(d_ff, 4 * d) - stated) == 0
+    assert classic.count().total == 57_987_072 == stated.subs({V: 32000, d: 512, N: 8})
+
+
+def test_the_chain_reads_like_the_document():
+    from symparam.render import text
+
+    der = derive(symparam.load("qwen3-8b"))
+    lines = [" + ".join(text(x) for x in line) for line in der.chain.lines]
+    assert lines[-1] == "N*(2*d*h*h_d + 2*d*h_d*h_kv + 3*d*d_ff + 2*d + 2*h_d) + d*(2*V + 1)"
+    assert der.chain.value == 8_190_735_360
+    for line in der.chain.lines:  # each line equals the count once the placeholders are put in
+        steps = {s.placeholder: s.expanded for s in der.steps}
+        assert sp.expand(sp.Add(*line).doit().xreplace(steps) - der.total) == 0
+    moe = derive(symparam.load("qwen3-235b-a22b"))
+    assert moe.active_chain.value == 22_190_763_520 and "k" in text(moe.active_chain.lines[-1][-2])
+    closed = text(derive(symparam.family("qwen3")).closed.simplified)
+    assert closed == "N*(d**2*(2 + 2/g) + 3*d*d_ff + 2*d + 2*h_d) + d*(2*V + 1)"  # 2*h_d, not 2*d/(g*h_kv)
+
+
+def test_only_what_the_model_has():
+    """Qwen3-235B-A22B builds no dense layer: no N_dense and no dense FFN anywhere in its derivation or count table."""
+    from symparam import cli
+    from symparam.render import render
+
+    model = symparam.load("qwen3-235b-a22b")
+    assert "N_dense" not in str(model.total)
+    der = derive(model)
+    md = render(der, "markdown", "en")
+    assert "N_{dense}" not in md and "dense FFN" not in md and "dense decoder layer" not in md
+    assert all(r.total for r in der.rows if not r.tied)
+    out = cli.parser().parse_args(["count", "--model", "qwen3-235b-a22b"])
+    table = out.run(out)
+    assert "dense FFN" not in table and "N_dense" not in table
+    # the family-level derivation keeps the general form
+    assert "N_{dense}" in render(derive(symparam.family("qwen3_moe")), "markdown", "en")
+
+
+def test_counts_print_from_exact_integers_at_any_size(capsys):
+    from symparam import cli
+
+    assert cli.main(["count", "--model", "qwen3-8b", "--set", "d=4096000000000000"]) == 0
+    out = capsys.readouterr().out
+    total = symparam.load("qwen3-8b", {"d": 4_096_000_000_000_000}).count().total
+    whole, frac = divmod(total * 100 // 10**9 + (1 if total * 100 % 10**9 * 2 >= 10**9 else 0), 100)
+    assert f"{total:,}  ({whole:,}.{frac:02d} B)" in out
+    assert "e+" not in out and "e1" not in out

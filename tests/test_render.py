@@ -1,6 +1,7 @@
 """Rendering: golden files, real LaTeX compilers, real KaTeX, escaping, the CLI, generated/ and a notebook."""
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -156,3 +157,83 @@ def test_notebook_runs_in_a_real_kernel():
     assert {"text/latex", "text/markdown"} <= kinds
     markdown = next(o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
     assert "235,093,634,560" in markdown
+    assert markdown.index("The count in one chain") < markdown.index("## Symbols")  # the chain first
+
+
+CHROMIUM = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000"]
+
+
+def open_in_chromium(page: Path, tmp_path: Path) -> tuple[str, str]:
+    """The DOM after scripts ran, and the browser's log (console messages included); a screenshot beside the page."""
+    browser = need("chromium")
+    profile = tmp_path / "profile"
+    dom = subprocess.run([browser, *CHROMIUM, f"--user-data-dir={profile}", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    shot = subprocess.run([browser, *CHROMIUM, f"--user-data-dir={profile}", "--window-size=1200,1800", f"--screenshot={page.with_suffix('.png')}", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert shot.returncode == 0 and page.with_suffix(".png").stat().st_size > 10_000
+    return dom.stdout, dom.stderr + shot.stderr
+
+
+def visible_text(dom: str) -> str:
+    """What a reader sees: the DOM's text without scripts, styles and KaTeX's TeX annotations (kept for copy-paste)."""
+    from html.parser import HTMLParser
+
+    class Text(HTMLParser):
+        hidden = ("script", "style", "annotation")
+
+        def __init__(self):
+            super().__init__()
+            self.depth, self.out = 0, []
+
+        def handle_starttag(self, tag, attrs):
+            self.depth += tag in self.hidden
+
+        def handle_endtag(self, tag):
+            self.depth -= tag in self.hidden
+
+        def handle_data(self, data):
+            if not self.depth:
+                self.out.append(data)
+
+    parser = Text()
+    parser.feed(dom)
+    return "".join(parser.out)
+
+
+def console_errors(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_html_renders_its_math_offline_in_chromium(lang, tmp_path):
+    page = tmp_path / f"qwen3-235b-a22b.{lang}.html"
+    assert cli.main(["derive", "--model", "qwen3-235b-a22b", "--html", "--lang", lang, "-o", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text  # nothing to fetch
+    dom, log = open_in_chromium(page, tmp_path)
+    assert console_errors(log) == []
+    assert dom.count('class="katex"') + dom.count('class="katex-display"') >= text.count('class="math')
+    seen = visible_text(dom)
+    assert "235,093,634,560" in seen and "$" not in seen
+    assert re.search(r"\\[a-zA-Z]+", seen) is None, re.search(r".{40}\\[a-zA-Z]+.{40}", seen)  # no raw TeX left
+
+
+def test_chromium_check_catches_math_that_does_not_render(tmp_path):
+    from symparam.render import page
+
+    bad = tmp_path / "bad.html"
+    bad.write_text(page("# x\n\n$$\n\\frac{1}{\n$$\n", "bad"), encoding="utf-8")
+    dom, log = open_in_chromium(bad, tmp_path)
+    assert console_errors(log) and re.search(r"\\frac", visible_text(dom))
+
+
+@pytest.mark.parametrize("fmt, lang", [("markdown", "en"), ("markdown", "zh"), ("latex", "en"), ("latex", "zh")])
+def test_brief_is_the_chain_and_the_table(fmt, lang, tmp_path, capsys):
+    assert cli.main(["derive", "--model", "qwen3-235b-a22b", f"--{fmt}", "--lang", lang, "--brief"]) == 0
+    out = capsys.readouterr().out
+    full = render(derive(symparam.load("qwen3-235b-a22b")), fmt, lang)
+    assert "aligned" in out and "22{,}190{,}763{,}520" in out and "227,096,395,776" in out.replace("{,}", ",")
+    assert len(out) < len(full) / 3 and ("Step" not in out if lang == "en" else "第 1 步" not in out)
+    if fmt == "latex":
+        compile_tex("pdflatex" if lang == "en" else "xelatex", out, tmp_path)

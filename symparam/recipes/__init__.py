@@ -124,9 +124,10 @@ class Recipe:
         """The count symbols of each slot's conditional variants: one layer may be in at most one per slot."""
         return [tuple(v.count for v in entry if v.count) for block in self.blocks.values() for _, entry in block.entries if isinstance(entry, tuple)]
 
-    def build(self, switches: Mapping[str, bool] | None = None) -> c.Term:
-        """The model tree with every switch set (library defaults where `switches` is silent)."""
-        return _Builder(self, {**self.default_switches(), **(switches or {})}).block(ROOT, "", {}, {})
+    def build(self, switches: Mapping[str, bool] | None = None, absent: frozenset[str] = frozenset()) -> c.Term:
+        """The model tree with every switch set (library defaults where `switches` is silent); layer variants whose
+        count is in `absent` (0 for a config) are left out, so the layers that remain group as they really are."""
+        return _Builder(self, {**self.default_switches(), **(switches or {})}, absent).block(ROOT, "", {}, {})
 
 
 def truthy(value: Any, key: str, default: Any = None) -> bool:
@@ -145,9 +146,10 @@ def truthy(value: Any, key: str, default: Any = None) -> bool:
 class _Builder:
     """Instantiates blocks into Terms for one set of switches."""
 
-    def __init__(self, recipe: Recipe, switches: Mapping[str, bool]):
+    def __init__(self, recipe: Recipe, switches: Mapping[str, bool], absent: frozenset[str] = frozenset()):
         self.recipe = recipe
         self.switches = switches
+        self.absent = absent
 
     def on(self, rule: Rule | None, env: Mapping[str, Any]) -> bool:
         if rule is None:
@@ -215,6 +217,8 @@ class _Builder:
         """A slot whose module differs by layer: each conditional variant counts its layers; the last may take the rest."""
         rest = count
         for v in spec:
+            if v.count in self.absent:
+                continue
             n = make(v.count) if v.count else rest
             rest = rest - n
             at = len(hoist)
