@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -15,7 +15,7 @@ import sympy as sp
 from symparam.components import Term
 from symparam.errors import SymparamError
 from symparam.recipes import REGISTRY, Recipe
-from symparam.rules import compile_rule, lookup_in
+from symparam.rules import Uniform, compile_rule, lookup_in
 from symparam.symbols import make, parse
 
 
@@ -153,7 +153,7 @@ class Values:
         self.config = config
         self.read = lookup_in(config)
         self.known: dict[str, int] = {}
-        self.masks: dict[str, list[bool]] = {}
+        self.masks: dict[str, Sequence[bool]] = {}
         for symbol, value in overrides.items():
             self.known[symbol] = _check(recipe, symbol, f"--set {symbol}", value)
 
@@ -162,7 +162,7 @@ class Values:
             return self.known[symbol]
         s = self.recipe.symbols[symbol]
         if s.layers is not None:
-            value = sum(self.mask(symbol))
+            value = self.mask(symbol).count(True)
         else:
             key = next((k for k in s.keys if self.read(k) is not None), None)
             if key is not None:
@@ -186,15 +186,12 @@ class Values:
         except SymparamError:
             return None
 
-    def mask(self, symbol: str) -> list[bool]:
+    def mask(self, symbol: str) -> Sequence[bool]:
         """Which layers a layer-count symbol selects, by its rule over layer index i."""
         if symbol not in self.masks:
             layers = self.get("N")
             rule = self.recipe.layer_symbols[symbol]
-            if "i" in rule.reads:
-                self.masks[symbol] = [bool(rule(self.read, i)) for i in range(layers)]
-            else:  # the same for every layer (sliding_window set or not): one evaluation
-                self.masks[symbol] = [bool(rule(self.read))] * layers
+            self.masks[symbol] = rule.layers(self.read, layers)
         return self.masks[symbol]
 
     def _default(self, symbol: str, required: bool) -> int | None:
@@ -243,7 +240,9 @@ def _one_variant_per_layer(recipe: Recipe, values: Values) -> None:
     """A layer has at most one variant of each slot (a layer both dense and MoE is a rule error)."""
     for slot in recipe.variant_slots():
         masks = {name: values.mask(name) for name in slot if name in values.known}
-        for i in range(values.known.get("N", 0)):
+        if all(isinstance(m, Uniform) for m in masks.values()):  # the same for every layer: look at one
+            masks = {name: [m.value] for name, m in masks.items()}
+        for i in range(min(len(m) for m in masks.values()) if masks else 0):
             chosen = [name for name, mask in masks.items() if mask[i]]
             if len(chosen) > 1:
                 raise SymparamError(f"layer {i}: selected by both {chosen[0]} and {chosen[1]} rules; a layer has one of them")

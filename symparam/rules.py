@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ _ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
 _NODES = (ast.Expression, ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Compare, ast.BoolOp, ast.UnaryOp,
           ast.BinOp, ast.IfExp, ast.List, ast.Tuple, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub,
           *_COMPARE, *_ARITHMETIC)
+MAX_LAYERS = 10**6  # a layer rule that reads i is applied to each layer: beyond this, no real model
 FUNCTIONS: dict[str, Callable[..., Any]] = {"len": len, "bool": bool, "any": any, "all": all}
 
 
@@ -36,6 +37,31 @@ def path(node: ast.AST) -> str | None:
     return None
 
 
+class Uniform(Sequence):
+    """The same answer for every one of `size` layers, however many."""
+
+    def __init__(self, value: bool, size: int):
+        self.value, self.size = value, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i):
+        if isinstance(i, slice) or not -self.size <= i < self.size:
+            raise IndexError(i)
+        return self.value
+
+    def count(self, value: bool) -> int:
+        return self.size if value == self.value else 0
+
+
+ANY_LAYER = object()  # evaluate a layer rule without a layer: it raises NeedsLayer if its value depends on i
+
+
+class NeedsLayer(Exception):
+    """The rule read the layer index i (so its value may differ from layer to layer)."""
+
+
 @dataclass(frozen=True)
 class Rule:
     """A parsed rule such as "i < first_k_dense_replace" or "layer_types[i] == 'linear_attention'"."""
@@ -44,15 +70,28 @@ class Rule:
     tree: ast.Expression = field(repr=False, compare=False)
     reads: tuple[str, ...] = ()  # top-level config keys (and `i`) it reads
 
-    def __call__(self, lookup: Callable[[str], Any], i: int | None = None) -> Any:
+    def __call__(self, lookup: Callable[[str], Any], i: Any = None) -> Any:
         """The rule's value; names are read through `lookup` (a dotted key -> its config value, None if unset)."""
         return self._eval(self.tree.body, lookup, i)
+
+    def layers(self, lookup: Callable[[str], Any], count: int) -> Sequence[bool]:
+        """For each of `count` layers, whether the rule selects it; one evaluation when its value does not read i
+        (use_sliding_window false decides every layer at once)."""
+        try:
+            return Uniform(bool(self(lookup, ANY_LAYER)), count)
+        except NeedsLayer:
+            pass
+        if count > MAX_LAYERS:
+            raise SymparamError(f"num_hidden_layers: {count:,} layers are too many to apply the layer rule {self.text!r} one by one (at most {MAX_LAYERS:,})")
+        return [bool(self(lookup, i)) for i in range(count)]
 
     def _eval(self, node: ast.AST, lookup: Callable[[str], Any], i: int | None) -> Any:
         ev = lambda n: self._eval(n, lookup, i)  # noqa: E731
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.Name):
+            if node.id == "i" and i is ANY_LAYER:
+                raise NeedsLayer
             return i if node.id == "i" else FUNCTIONS.get(node.id) if node.id in FUNCTIONS else lookup(node.id)
         if isinstance(node, ast.Attribute):
             return lookup(path(node)) if path(node) else self._fail(node, "attribute of a computed value")

@@ -51,7 +51,7 @@ def without(base, key):
         (with_(LLAMA, intermediate_size=11008.5), "intermediate_size"),
         (with_(LLAMA, hidden_size=4096.0), "hidden_size"),
         (with_(LLAMA, num_key_value_heads=5), "num_key_value_heads"),
-        (with_(LLAMA, model_type="not-a-model"), "model_type"),
+        (with_(LLAMA, model_type="not-a-model", architectures=["NotAModelForCausalLM"]), "model_type"),  # a known class would be read as its family
         (without(LLAMA, "model_type"), "model_type"),
         (with_(LLAMA, tie_word_embeddings="yes"), "tie_word_embeddings"),
         (with_(LLAMA, tie_word_embeddings=None), "tie_word_embeddings: expected true or false, got null"),

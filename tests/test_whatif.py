@@ -207,9 +207,9 @@ def test_sweep_cli_rows_are_what_count_gives(capsys):
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("k=2,9", "row 1: k = 9 experts per token is more than the n = 8 experts"),
+    ("k=2,9", "row 1: num_experts_per_tok: 9 is more than the 8 experts"),
     ("N=1,0", "row 1: N = 0: expected a positive integer"),
-    ("h_kv=32,5", "row 1: h_kv = 5 does not divide h = 32"),
+    ("h_kv=32,5", "row 1: num_key_value_heads: 5 does not divide num_attention_heads 32"),
     ("N=0,1", "row 0: N = 0: expected a positive integer"),
 ])
 def test_sweep_refuses_a_bad_row_naming_it(spec, message, capsys):
@@ -225,7 +225,7 @@ def test_sweep_on_a_model_checks_every_row():
     model = load("deepseek-v3")  # the model's own N_dense = 3 stays: a row with fewer layers is refused, not negative
     with pytest.raises(SymparamError, match="row 1: N_dense = 3 .* is more than the N = 2 layers"):
         sweep(model, {"N": np.array([61, 2])})
-    with pytest.raises(SymparamError, match="row 2: k = 9"):
+    with pytest.raises(SymparamError, match="row 2: num_experts_per_tok: 9 is more than the 8 experts"):
         sweep(load("mixtral-8x7b"), {"k": np.array([1, 2, 9])})
 
 
