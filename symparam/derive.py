@@ -431,7 +431,7 @@ class _Walker:
 
     def _collect(self, t: Term, path: str, bucket: str | None, factors: list[Factor], refs: list[Ref], parts: list[sp.Expr], active_parts: list[sp.Expr]) -> None:
         for c in t.children:
-            sub = f"{path}.{c.key}"
+            sub = ".".join(p for p in (path, c.key) if p)
             if is_step(c, bucket):
                 what = f"{self.name}: copies of {sub}"
                 times, active_times = exact(c.times, self.values, what), exact(c.active_times, self.values, f"{what} (active)")
@@ -537,7 +537,7 @@ def derive(model: Model) -> Derivation:
     """The derivation of a model: symbolic always, with numbers when the model has values."""
     subs = model.substitution() if model.values is not None else None
     walker = _Walker(model.name, subs)
-    walker.walk(model.tree, "model", None)
+    walker.walk(model.tree, model.tree.key, None)
     count = model.count() if subs is not None else None
     total_value = count.total if count else None
     active_value = count.active if count else None
@@ -548,7 +548,7 @@ def derive(model: Model) -> Derivation:
         family=model.recipe.family,
         title=model.recipe.title,
         flags=dict(model.flags),
-        values={str(s): int(v) for s, v in subs.items()} if subs is not None else None,
+        values=dict(model.values) if subs is not None else None,  # every value of the config (the estimate reads d_ff of an all-MoE model)
         symbols=tuple(model.symbols),
         chain=chain(model.tree, walker, root.placeholder, total_value),
         active_chain=chain(model.tree, walker, root.active_placeholder, active_value, active=True) if moe else None,

@@ -52,7 +52,7 @@ def without(base, key):
         (with_(LLAMA, hidden_size=4096.0), "hidden_size"),
         (with_(LLAMA, num_key_value_heads=5), "num_key_value_heads"),
         (with_(LLAMA, model_type="not-a-model", architectures=["NotAModelForCausalLM"]), "model_type"),  # a known class would be read as its family
-        (without(LLAMA, "model_type"), "model_type"),
+        (json.dumps({k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")}), "model_type"),  # with a known class it reads as that family
         (with_(LLAMA, tie_word_embeddings="yes"), "tie_word_embeddings"),
         (with_(LLAMA, tie_word_embeddings=None), "tie_word_embeddings: expected true or false, got null"),
         (with_(LLAMA, attention_bias=1), "attention_bias"),

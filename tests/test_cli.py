@@ -11,7 +11,7 @@ from symparam.cli import main
 # Published figures (DESIGN.md reference figures and the teaching example), not computed here.
 QWEN3_235B_TOTAL = 235_093_634_560
 QWEN3_235B_ACTIVE = 22_190_763_520
-BREAKDOWN = ["input embedding", "attention", "dense FFN", "router", "routed experts", "norms", "final norm", "LM head"]
+BREAKDOWN = ["input embedding", "attention", "router", "routed experts", "norms", "final norm", "LM head"]  # no dense layer: no dense FFN row
 
 
 def run(capsys, *argv):
@@ -28,7 +28,8 @@ def test_count_preset_prints_exact_total_active_and_every_component(capsys):
     for component in BREAKDOWN:
         assert component in rows, component
         assert "%" in rows[component]
-    assert "3*(N - N_dense)*d*d_moe*n" in rows["routed experts"]  # written by layer kind, the count first
+    assert "dense FFN" not in rows  # Qwen3-235B-A22B builds no dense layer
+    assert "3*N*d*d_moe*n" in rows["routed experts"]  # written by layer kind, the count first
 
 
 def test_count_json_has_integer_total_active_and_components(capsys):
@@ -85,8 +86,8 @@ def test_user_recipe_file_counts_without_touching_the_package(capsys, tmp_path):
     recipe = tmp_path / "tiny.toml"
     recipe.write_text(
         'family = "tiny"\nmodel_types = ["tiny"]\n'
-        '[attention]\nkind = "mha"\nqkv_bias = true\no_bias = true\n'
-        '[ffn]\nkind = "plain"\nbias = true\n[norm]\nkind = "layer"\nfinal = false\n'
+        '[switches]\nqkv_bias = true\no_bias = true\nlayer_norm = true\nfinal_norm = false\n'
+        '[blocks.decoder_layer]\nmlp = { block = "plain_mlp", bias = true }\n'
     )
     code, out, _ = run(capsys, "count", "--recipe", str(recipe), "--set", "V=32000", "d=512", "N=8", "h=8", "d_ff=2048", "--json")
     assert code == 0 and json.loads(out)["total"] == 57_987_072  # the classic 512-d model, untied

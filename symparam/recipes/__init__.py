@@ -410,8 +410,16 @@ def _block(name: str, table: Any, source: str, switches: set[str]) -> Block:
             entries.append((key, variants))
         else:
             entries.append((key, _entry(key, spec, f"{where} {key}")))
-    flags = frozenset(k for k, v in args.items() if isinstance(v, bool) or (isinstance(v, str) and set(compile_rule(v, f"{where} args.{k}").reads) <= switches))
+    flags = frozenset(k for k, v in args.items() if isinstance(v, bool) or (isinstance(v, str) and _reads_only(v, switches)))
     return Block(name, dict(args), flags, meta, tuple(entries))
+
+
+def _reads_only(text: str, switches: set[str]) -> bool:
+    """Whether an argument's default is a condition: a rule that reads only switches ("mlp_bias", "not q_lora")."""
+    try:
+        return set(compile_rule(text, "argument").reads) <= switches
+    except SymparamError:  # "d_ff/3" is no rule: a formula
+        return False
 
 
 def _validate(recipe: Recipe) -> None:
