@@ -100,23 +100,73 @@ def test_derive_of_an_empty_config_names_the_missing_model_type(capsys, tmp_path
     assert code == 2 and out == "" and "model_type" in err and err.count("\n") == 1
 
 
+HEADER = 'family = "x"\nmodel_types = ["x"]\n'
+GPT_OSS = {"model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 2,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "num_local_experts": 2, "num_experts_per_tok": 1}
+
+
 @pytest.mark.parametrize(
     ("recipe", "names"),
     [
-        ('family = "x"\nmodel_types = ["x"]\n[attention]\nkind = "linear"\n', "kind"),
-        ('family = "x"\nmodel_types = ["x"]\n[attention]\nwarp = true\n', "warp"),
-        ('family = "x"\nmodel_types = ["x"]\n[bogus]\n', "bogus"),
+        (HEADER + "[attention]\nkind = \"linear\"\n", "unknown section 'attention'"),
+        (HEADER + "[bogus]\n", "bogus"),
         ('family = "x"\n', "model_types"),
-        ('family = "x"\nmodel_types = ["x"]\n[ffn]\nsize = "__import__(1)"\n', "size"),
         ("family = ", "not valid TOML"),
+        (HEADER + '[blocks.decoder_layer]\nextra = { shape = ["d", "zz"] }\n', "unknown symbol 'zz'"),
+        (HEADER + '[symbols]\na1 = { latex = "a_1", meaning = "a", default = "a2" }\na2 = { latex = "a_2", meaning = "b", default = "a1" }\n', "cycle: a1 -> a2 -> a1"),
+        (HEADER + '[symbols]\nq1 = { latex = "q_1" }\n', "a new symbol needs latex and meaning"),
+        (HEADER + '[blocks.decoder_layer]\nmlp = { block = "no_such_block" }\n', "unknown block 'no_such_block'"),
+        (HEADER + '[blocks.decoder_layer]\nmlp = { block = "mlp", width = "d" }\n', "has no argument 'width'"),
+        (HEADER + '[switches]\nqk_norm = "__import__(1)"\n', "qk_norm"),
+        (HEADER + '[symbols]\nN_dense = { layers = "i <" }\n', "N_dense"),
+        (HEADER + '[blocks.decoder_layer]\nmlp = [{ block = "mlp", count = "d" }, { block = "moe" }]\n', "count 'd' is not a layer-count symbol"),
+        (HEADER + '[blocks.decoder_layer]\nextra = { shape = ["d/3"] }\n', "not a whole number"),
     ],
 )
 def test_bad_recipe_names_the_problem(capsys, tmp_path, recipe, names):
     path = tmp_path / "r.toml"
     path.write_text(recipe)
     code = main(["count", "--recipe", str(path), "--set", "V=10", "d=8", "N=1", "h=2", "d_ff=16"])
-    _, err = capsys.readouterr()
-    assert code == 2 and names in err and err.count("\n") == 1
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and names in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("config", "names"),
+    [
+        ({**GPT_OSS, "layer_types": ["sliding_attention"]}, "layer_types: has 1 entries, expected N = 2"),
+        ({**GPT_OSS, "layer_types": ["sliding_attention", "linear_attention"]}, "layer_types: unknown kind 'linear_attention' at layer 1"),
+        ({**GPT_OSS, "layer_types": "sliding_attention"}, "layer_types: expected a list"),
+        ({**OLMOE, "model_type": "deepseek_v3", "first_k_dense_replace": "1", "n_routed_experts": 2, "kv_lora_rank": 4,
+          "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "moe_intermediate_size": 8}, "first_k_dense_replace"),
+    ],
+)
+def test_bad_layer_layout_names_the_field(capsys, tmp_path, config, names):
+    err = config_error(capsys, tmp_path, json.dumps(config))
+    assert names in err, err
+
+
+def test_a_json_document_nested_100000_deep_is_the_usual_error(capsys, tmp_path):
+    err = config_error(capsys, tmp_path, "[" * 100_000 + "]" * 100_000)
+    assert "nested too deeply" in err
+
+
+def test_a_utf8_bom_is_accepted(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA), encoding="utf-8-sig")
+    assert main(["count", "--config", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 6_738_415_616  # Llama-2-7B, the published figure
+
+
+def test_a_duplicate_key_warns_and_the_last_wins(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    text = json.dumps(LLAMA)[:-1] + ', "num_hidden_layers": 1}'  # LLAMA has 32 layers; the repeat says 1
+    path.write_text(text)
+    assert main(["count", "--config", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "num_hidden_layers" in captured.err and "last value wins" in captured.err and captured.err.count("\n") == 1
+    d, d_ff, V = 4096, 11008, 32000
+    assert json.loads(captured.out)["total"] == 2 * V * d + d + (4 * d * d + 3 * d * d_ff + 2 * d)  # one Llama layer
 
 
 JSON_VALUES = st.recursive(
