@@ -7,7 +7,7 @@ import re
 import string
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
 from importlib import resources
@@ -121,12 +121,32 @@ def _load(name: str) -> str:
     return templates().joinpath(name).read_text(encoding="utf-8")
 
 
+WORD_SECTIONS = ("titles", "notes", "meanings")  # a word in one section translates the same in another
+
+
+def translate(table: Mapping, own: Mapping[str, str], section: str, text: str) -> str | None:
+    """`text` in a catalog's language: its entry in `section`, the family's own words, or a [patterns] entry whose
+    captured parts are translated in turn ("pre-FFN norm: scale" from "{1}: scale" and "pre-FFN norm"); else None."""
+    found = table.get(section, {}).get(text) or own.get(text) or next(
+        (words[text] for name, words in table.items() if name in WORD_SECTIONS and text in words), None)
+    if found or not text:
+        return found
+    for pattern, template in table.get("patterns", {}).items():
+        match = re.fullmatch(pattern, text)
+        if match:
+            parts = [translate(table, own, section, part) for part in match.groups()]
+            if all(parts):
+                return template.format(None, *parts)
+    return None
+
+
 @dataclass
 class Words:
     """The translated words of one document: phrases, titles, notes and symbol meanings, escaped for its format."""
 
     lang: str
     fmt: str
+    own: Mapping[str, str] = field(default_factory=dict)  # the family's own words in this language (recipe [zh], symbol zh)
 
     def __post_init__(self) -> None:
         self.table = catalog(self.lang)
@@ -134,7 +154,7 @@ class Words:
 
     def word(self, section: str, text: str) -> str:
         """A title, note or meaning in this language (the English text where the catalog has none), escaped."""
-        return self.esc(self.table.get(section, {}).get(text, text))
+        return self.esc(translate(self.table, self.own, section, text) or text)
 
     def phrase(self, key: str, **fields: str) -> str:
         """A catalog phrase with its literal text escaped and the fields (already formatted) put in."""
@@ -161,7 +181,7 @@ def placeholder_names(d: Derivation, words: Words) -> dict[sp.Symbol, str]:
 
 def environment(fmt: str, lang: str, d: Derivation | None = None) -> jinja2.Environment:
     """A strict environment for one format and language; user strings reach it only as escaped values."""
-    words = Words(lang, fmt)
+    words = Words(lang, fmt, d.translations.get(lang, {}) if d is not None else {})
     printer = Printer(placeholder_names(d, words) if d is not None else {})
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(_load),
@@ -183,7 +203,7 @@ def environment(fmt: str, lang: str, d: Derivation | None = None) -> jinja2.Envi
         signed_pct=lambda x: ("+" if x >= 0 else "") + decimal(Fraction(x) * 100),
         title=lambda t: words.word("titles", t),
         note=lambda t: words.word("notes", t),
-        meaning=lambda name: words.word("meanings", BY_NAME[name].meaning),
+        meaning=lambda name: words.word("meanings", d.meanings[name] if d is not None else BY_NAME[name].meaning),
     )
     env.globals.update(t=words.phrase, lang=lang, fmt=fmt, SYMBOLS=SYMBOLS, ASSUMPTIONS=ASSUMPTIONS)
     return env

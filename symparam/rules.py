@@ -128,8 +128,8 @@ class Rule:
         key = path(node.value) or "value"
         if isinstance(container, dict):
             return container.get(index)
-        if not isinstance(container, list):
-            raise SymparamError(f"{key}: expected a list, got {json.dumps(container)} (read by the rule {self.text!r})")
+        if not isinstance(container, (list, str)):
+            raise SymparamError(f"{key}: expected a list or a string, got {json.dumps(container)} (read by the rule {self.text!r})")
         if type(index) is not int or not 0 <= index < len(container):
             raise SymparamError(f"{key}: has {len(container)} entries, too few for index {index} (read by the rule {self.text!r})")
         return container[index]

@@ -24,6 +24,7 @@ class SymbolDef:
     fallback: str | None = None  # formula over other symbols (or an integer) when no key is present
     layers: str | None = None  # a layer-count symbol: the rule over layer index i that selects its layers
     zero: bool = False  # may be zero (a layer count, shared experts); other dimensions are positive
+    zh: str = ""  # the meaning in Chinese, for derivations in zh
 
 
 TABLE: tuple[SymbolDef, ...] = (
@@ -48,6 +49,18 @@ TABLE: tuple[SymbolDef, ...] = (
     SymbolDef("g", "g", "query heads per key/value head, h/h_kv"),
     SymbolDef("W", "W", "sliding attention window, in tokens", ("sliding_window",)),
     SymbolDef("N_swa", "N_{swa}", "decoder layers with sliding-window attention", layers="False", zero=True),
+    SymbolDef("N_linear", "N_{linear}", "decoder layers with linear attention", layers="False", zero=True),
+    SymbolDef("N_ssm", "N_{ssm}", "decoder layers with a state-space (Mamba) mixer", layers="False", zero=True),
+    SymbolDef("h_lk", "h_{lk}", "linear-attention key heads", ("linear_num_key_heads",)),
+    SymbolDef("d_lk", "d_{lk}", "linear-attention key head dimension", ("linear_key_head_dim",)),
+    SymbolDef("h_lv", "h_{lv}", "linear-attention value heads", ("linear_num_value_heads",)),
+    SymbolDef("d_lv", "d_{lv}", "linear-attention value head dimension", ("linear_value_head_dim",)),
+    SymbolDef("d_conv", "d_{conv}", "convolution kernel size", ("conv_kernel", "linear_conv_kernel_dim")),
+    SymbolDef("d_inner", "d_{in}", "state-space (Mamba) inner size", ("intermediate_size",)),
+    SymbolDef("d_state", "d_{st}", "state-space (Mamba) state size per channel", ("state_size", "ssm_state_size")),
+    SymbolDef("h_ssm", "h_{ssm}", "state-space (Mamba2) heads", ("num_heads", "mamba_n_heads")),
+    SymbolDef("g_ssm", "g_{ssm}", "state-space (Mamba2) groups of B and C", ("n_groups", "mamba_n_groups")),
+    SymbolDef("r_dt", "r_{\\Delta}", "time-step (dt) projection rank", ("time_step_rank",)),
     SymbolDef("S", "S", "tokens in context (sequence length)"),
     SymbolDef("B", "B", "sequences in a batch"),
     SymbolDef("b", "b", "bytes per stored value (by dtype)"),

@@ -7,6 +7,10 @@ A family may add hints in tests/families/<family>.toml, each optional:
     [fixed]     key = value          # set in every random config
     [choices]   key = [a, b, ...]    # random configs draw this key from the list
     [ranges]    key = [low, high]    # random configs draw this integer key from the range
+    [tiny]      key = value          # merged over the tiny config test_features runs for real (see tiny_config)
+    [features]  cache = "why"        # test_features: symparam's cache differs from transformers' by definition
+    [oracle]    routed = "regex"     # which tensors are routed experts (default \.experts\.); experts / per_token: n and k keys
+    [wrappers.<type>] key = value    # merged over a multimodal wrapper's library default (dotted keys: "text_config.x")
 """
 
 from __future__ import annotations
@@ -67,6 +71,39 @@ def first_key(recipe: Recipe, symbol: str, config: dict[str, Any]) -> str | None
     keys = recipe.symbols[symbol].keys
     read = lookup_in(config)
     return next((k for k in keys if read(k) is not None), keys[0] if keys else None)
+
+
+TINY = {"V": 64, "d": 32, "h": 4, "h_kv": 2, "h_d": 8, "d_ff": 48, "d_moe": 16, "n": 4, "k": 2}  # sizes a CPU runs at once
+TINY_LAYERS = 6  # enough for the layouts of real families (five sliding layers then a full one, three dense then MoE)
+TINY_WINDOW = 16  # more than the tokens test_features runs, so no layer drops one
+
+
+@functools.cache
+def tiny_config(family: str) -> dict[str, Any]:
+    """The library default shrunk to run on CPU at once: core sizes small, at most TINY_LAYERS layers (per-layer lists
+    cut to match), windows wider than the test's tokens; then the family's [tiny] hints."""
+    recipe = REGISTRY.family(family)
+    base = default_config(family)
+    read = lookup_in(base)
+    values: dict[str, Any] = {}
+    for symbol, size in TINY.items():
+        key = first_key(recipe, symbol, base)
+        if key is not None and type(read(key)) is int:
+            values[key] = size
+    h, h_kv = (first_key(recipe, s, base) for s in ("h", "h_kv"))
+    if h_kv and read(h_kv) is not None and read(h_kv) == read(h):
+        values[h_kv] = TINY["h"]  # multi-head attention stays multi-head
+    n_key = first_key(recipe, "N", base) or "num_hidden_layers"
+    layers = read(n_key)
+    if type(layers) is int:
+        values[n_key] = min(layers, TINY_LAYERS)
+        for key, value in base.items():
+            if isinstance(value, list) and len(value) == layers:
+                values[key] = value[:TINY_LAYERS]
+    if type(base.get("sliding_window")) is int:
+        values["sliding_window"] = TINY_WINDOW
+    config = set_keys(base, values | hints(family).get("tiny", {}))
+    return config if family == "classic" else config | NO_SPECIAL_TOKENS
 
 
 @st.composite
@@ -130,4 +167,4 @@ def random_config(draw, family: str) -> dict[str, Any]:
     return config if family == "classic" else config | NO_SPECIAL_TOKENS
 
 
-__all__ = ["default_config", "random_config", "model_type", "hints", "set_keys"]
+__all__ = ["default_config", "random_config", "tiny_config", "model_type", "hints", "set_keys"]

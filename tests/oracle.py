@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import re
 import warnings
@@ -16,7 +18,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", module="transformers")
 warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
 
-ROUTED = ".experts."  # module path segment of routed experts; shared experts live under ".shared_experts."
+ROUTED = r"\.experts\."  # routed-expert tensors (a regex on the name); shared experts live under ".shared_experts."
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 PER_TOKEN_KEYS = ("num_experts_per_tok", "moe_k", "top_k", "moe_topk")
 INDEX = re.compile(r"\.\d+(?=\.|$)")  # layer and expert indices in a parameter name
@@ -34,6 +36,7 @@ class Oracle:
     tensors: dict[str, int]  # normalised name -> elements over all layers and experts (tied tensors once)
     experts: int  # n, routed experts per MoE layer (0 for a dense model)
     per_token: int | None  # k, experts each token visits
+    routed: str = ROUTED  # which tensors are routed experts, a regex on ".name"
 
     @property
     def total(self) -> int:
@@ -43,7 +46,7 @@ class Oracle:
     def active_tensors(self) -> dict[str, Fraction]:
         """Per tensor, what one token uses: k/n of each routed-expert tensor, all of every other."""
         share = Fraction(self.per_token or 0, self.experts) if self.experts else Fraction(1)
-        return {name: n * share if ROUTED in f".{name}" else Fraction(n) for name, n in self.tensors.items()}
+        return {name: n * share if re.search(self.routed, f".{name}") else Fraction(n) for name, n in self.tensors.items()}
 
     @property
     def active(self) -> int:
@@ -68,28 +71,53 @@ def hf_config(config: dict[str, Any]):
     return AutoConfig.for_model(config["model_type"], **fields)
 
 
-def hf_model(config: dict[str, Any], cls: str = "AutoModelForCausalLM") -> nn.Module:
-    """The transformers causal LM of `config` (a config.json dict with model_type) on the meta device."""
+MODEL_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText")  # a multimodal wrapper may be only the second
+LANGUAGE_MODEL = re.compile(r"^model\.language_model\.")  # where a multimodal wrapper keeps its language model
+
+
+def hf_model(config: dict[str, Any], device: str = "meta") -> nn.Module:
+    """The transformers causal LM of `config` (a config.json dict with model_type), on the meta device by default."""
     import transformers
 
     cfg = hf_config(config)
-    with torch.device("meta"):
-        return getattr(transformers, cls).from_config(cfg)
+    for cls in MODEL_CLASSES:
+        try:
+            with torch.device(device):
+                return getattr(transformers, cls).from_config(cfg)
+        except ValueError as e:  # "Unrecognized configuration class": try the next auto class
+            if "Unrecognized configuration class" not in str(e) or cls == MODEL_CLASSES[-1]:
+                raise
+    raise AssertionError("unreachable")
 
 
-def routing(cfg: Any) -> tuple[int, int | None]:
-    """(n, k) as the built config holds them, read from the keys families use."""
-    experts = next((getattr(cfg, key) for key in EXPERT_COUNT_KEYS if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key)), 0)
-    per_token = next((getattr(cfg, key) for key in PER_TOKEN_KEYS if isinstance(getattr(cfg, key, None), int)), None)
-    return experts, per_token
+@functools.cache
+def meta_model(config_json: str) -> nn.Module:
+    """One meta build per config (as sorted JSON), shared by every test that needs it."""
+    return hf_model(json.loads(config_json))
 
 
-def hf_oracle(config: dict[str, Any]) -> Oracle:
-    """The oracle for a transformers family: the model built from `config`, per tensor, with its routing."""
-    model = hf_model(config)
-    found = tensors(model)
-    experts, per_token = routing(model.config) if any(ROUTED in f".{n}" for n in found) else (0, None)
-    return Oracle(found, experts, per_token)
+def language_tensors(found: dict[str, int]) -> dict[str, int]:
+    """The language model's tensors of a multimodal wrapper, named as the text model names them (vision and audio
+    towers and their projectors left out); a text model's tensors as they are."""
+    if not any(LANGUAGE_MODEL.match(name) for name in found):
+        return found
+    return {LANGUAGE_MODEL.sub("model.", name): n for name, n in found.items() if LANGUAGE_MODEL.match(name) or name.startswith("lm_head.")}
+
+
+def routing(cfg: Any, experts_key: str | None = None, per_token_key: str | None = None) -> tuple[int, int | None]:
+    """(n, k) as the built config holds them, read from the keys families use (or the family's own keys)."""
+    cfg = getattr(cfg, "text_config", None) or cfg
+    read = lambda keys: next((getattr(cfg, key) for key in keys if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key)), None)  # noqa: E731
+    return read((experts_key,) if experts_key else EXPERT_COUNT_KEYS) or 0, read((per_token_key,) if per_token_key else PER_TOKEN_KEYS)
+
+
+def hf_oracle(config: dict[str, Any], routed: str = ROUTED, experts: str | None = None, per_token: str | None = None) -> Oracle:
+    """The oracle for a transformers family: the model built from `config`, per tensor, with its routing (a family's
+    tests/families hints may name its routed tensors and its n and k keys: [oracle] routed, experts, per_token)."""
+    model = meta_model(json.dumps(config, sort_keys=True))
+    found = language_tensors(tensors(model))
+    n, k = routing(model.config, experts, per_token) if any(re.search(routed, f".{name}") for name in found) else (0, None)
+    return Oracle(found, n, k, routed)
 
 
 class Classic(nn.Module):
@@ -124,6 +152,6 @@ def classic_oracle(config: dict[str, Any]) -> Oracle:
     return Oracle(tensors(model), 0, None)
 
 
-def oracle(config: dict[str, Any]) -> Oracle:
+def oracle(config: dict[str, Any], **routing_hints: str) -> Oracle:
     """The reference count of any supported config dict."""
-    return classic_oracle(config) if config["model_type"] == "classic" else hf_oracle(config)
+    return classic_oracle(config) if config["model_type"] == "classic" else hf_oracle(config, **routing_hints)

@@ -17,7 +17,7 @@ from symparam.errors import SymparamError
 from symparam.recipes import REGISTRY
 from symparam.symbols import evaluate
 
-from families import default_config, random_config
+from families import default_config, hints, random_config, set_keys
 from oracle import Oracle, oracle
 
 # Published figures (DESIGN.md and issue 2): name -> (total, active). Independent of this package's code.
@@ -38,6 +38,7 @@ PUBLISHED: dict[str, tuple[int, int]] = {
     "classic-512-tied": (41_603_072, 41_603_072),
 }
 FAMILIES = sorted(recipe.family for recipe in REGISTRY)
+WRAPPERS = sorted((wrapper, recipe.family) for recipe in REGISTRY for wrapper in recipe.wrappers)
 
 
 def per_tensor(config: dict[str, Any]) -> tuple[dict[str, int], dict[str, Fraction]]:
@@ -71,7 +72,7 @@ def assert_same(config: dict[str, Any], reference: Oracle) -> None:
 @functools.cache
 def default_oracle(family: str) -> Oracle:
     """One meta build per family default, shared by the tests that need it."""
-    return oracle(default_config(family))
+    return oracle(default_config(family), **hints(family).get("oracle", {}))
 
 
 def test_every_preset_has_a_published_figure():
@@ -97,10 +98,22 @@ def test_library_default_config_equals_oracle_per_tensor(family):
 def test_random_config_equals_oracle_per_tensor(family, data):
     config = data.draw(random_config(family), label="config")
     try:
-        reference = oracle(config)
+        reference = oracle(config, **hints(family).get("oracle", {}))
     except Exception:  # transformers refuses this combination: nothing to compare against
         assume(False)
     try:
         assert_same(config, reference)
     except SymparamError as e:
         pytest.fail(f"transformers builds this config but symparam refuses it: {e}")
+
+
+@pytest.mark.parametrize("wrapper, family", WRAPPERS)
+def test_multimodal_wrapper_counts_its_language_model_per_tensor(wrapper, family):
+    """The wrapper's library-default config: symparam counts text_config's language model, exactly what the wrapper
+    model holds outside its other towers, and says so."""
+    from transformers import AutoConfig
+
+    config = set_keys(AutoConfig.for_model(wrapper).to_dict(), hints(family).get("wrappers", {}).get(wrapper, {}))
+    assert_same(config, oracle(config, **hints(family).get("oracle", {})))
+    model = symparam.load(config)
+    assert model.recipe.family == family

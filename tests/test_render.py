@@ -14,7 +14,8 @@ import symparam
 from symparam import cli
 from symparam.derive import derive
 from symparam.docs import stale
-from symparam.render import escape_tex, explain, render
+from symparam.recipes import REGISTRY
+from symparam.render import catalog, escape_tex, explain, render, translate
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -237,3 +238,18 @@ def test_brief_is_the_chain_and_the_table(fmt, lang, tmp_path, capsys):
     assert len(out) < len(full) / 3 and ("Step" not in out if lang == "en" else "第 1 步" not in out)
     if fmt == "latex":
         compile_tex("pdflatex" if lang == "en" else "xelatex", out, tmp_path)
+
+
+def untranslated(d, lang: str = "zh") -> set[str]:
+    """The English words a derivation shows (step and component titles, tensor notes, symbol meanings) that neither
+    the language's catalog nor the family's own table translates."""
+    table, own = catalog(lang), d.translations.get(lang, {})
+    used = {("titles", s.title) for s in d.steps[1:]} | {("titles", r.title) for s in d.steps for r in s.refs}
+    used |= {("titles", r.component) for r in d.rows} | {("notes", f.note) for s in d.steps for f in s.factors if f.note}
+    used |= {("meanings", d.meanings[str(s)]) for s in d.symbols}
+    return {text for section, text in used if translate(table, own, section, text) is None}
+
+
+@pytest.mark.parametrize("recipe", list(REGISTRY), ids=lambda r: r.family)
+def test_every_family_reads_in_chinese(recipe):
+    assert untranslated(derive(symparam.Model(recipe))) == set()

@@ -22,7 +22,7 @@ import sympy as sp
 from symparam import components as c
 from symparam.errors import SymparamError
 from symparam.rules import Rule, compile_rule
-from symparam.symbols import BY_NAME, TABLE, SymbolDef, define, make, parse
+from symparam.symbols import TABLE, SymbolDef, define, make, parse
 
 LIBRARY = "_library.toml"
 ROOT = "causal_lm"  # the block a model is built from
@@ -235,15 +235,15 @@ class _Builder:
         for n, key, term in [(layers, t.key, t) for t in layer.children] + hoist:
             groups.setdefault(n, []).append(replace(term, key=key))
         one = len(groups) == 1  # a single kind is the stack itself; several sit in it unnamed (model.layers.<module>)
-        kinds = [c.group(e.key if one else "", layer.label if n == layers else _layers_label(n, terms), terms, times=n, component=layer.component)
+        kinds = [c.group(e.key if one else "", layer.label if n == layers else _layers_label(self.recipe, n, terms), terms, times=n, component=layer.component)
                  for n, terms in groups.items()]
         return kinds[0] if one else c.group(e.key, layer.label, kinds)
 
 
-def _layers_label(count: sp.Expr, terms: list[c.Term]) -> str:
+def _layers_label(recipe: Recipe, count: sp.Expr, terms: list[c.Term]) -> str:
     """A layer group's name: its count symbol's meaning, else what its modules are."""
-    if isinstance(count, sp.Symbol) and str(count) in BY_NAME:
-        return BY_NAME[str(count)].meaning
+    if isinstance(count, sp.Symbol) and str(count) in recipe.symbols:
+        return recipe.symbols[str(count)].meaning
     return "layers with " + ", ".join(t.label for t in terms)
 
 
@@ -298,7 +298,7 @@ def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
             raise SymparamError(f"{where}: not a valid symbol name")
         for unknown in set(spec) - SYMBOL_FIELDS:
             raise SymparamError(f"{where}: unknown field {unknown!r}; known: {', '.join(sorted(SYMBOL_FIELDS))}")
-        base = table.get(name) or BY_NAME.get(name)
+        base = table.get(name)
         if base is None and not {"latex", "meaning"} <= set(spec):
             raise SymparamError(f"{where}: a new symbol needs latex and meaning")
         default = spec.get("default", base.fallback if base else None)
@@ -315,6 +315,7 @@ def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
             fallback=None if default is None else str(default),
             layers=None if layers is None else str(layers),
             zero=bool(spec.get("zero", base.zero if base else layers is not None)),
+            zh=str(spec.get("zh", base.zh if base else "")),
         )
     for s in table.values():
         define(SymbolDef(s.name, s.latex, s.meaning, zero=s.zero))
