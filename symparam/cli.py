@@ -97,7 +97,7 @@ def cmd_count(args: argparse.Namespace) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> str:
-    families = [{"family": r.family, "title": r.title, "model_types": list(r.model_types), "summary": r.summary} for r in REGISTRY]
+    families = [{k: h[k] for k in ("family", "title", "model_types", "summary")} for h in REGISTRY.families()]
     names = list(presets())
     if args.json:
         return json.dumps({"families": families, "presets": names}, indent=2)

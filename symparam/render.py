@@ -12,10 +12,6 @@ from fractions import Fraction
 from functools import cache
 from importlib import resources
 
-import jinja2
-from markdown_it import MarkdownIt
-from markupsafe import Markup
-from mdit_py_plugins.dollarmath import dollarmath_plugin
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.precedence import PRECEDENCE
@@ -179,8 +175,10 @@ def placeholder_names(d: Derivation, words: Words) -> dict[sp.Symbol, str]:
     return names
 
 
-def environment(fmt: str, lang: str, d: Derivation | None = None) -> jinja2.Environment:
-    """A strict environment for one format and language; user strings reach it only as escaped values."""
+def environment(fmt: str, lang: str, d: Derivation | None = None):
+    """A strict Jinja environment for one format and language; user strings reach it only as escaped values."""
+    import jinja2  # here, not at import: `count` prints through this module and need not load Jinja
+
     words = Words(lang, fmt, d.translations.get(lang, {}) if d is not None else {})
     printer = Printer(placeholder_names(d, words) if d is not None else {})
     env = jinja2.Environment(
@@ -238,6 +236,11 @@ def katex_assets() -> tuple[str, str]:
 
 def page(markdown: str, title: str, lang: str = "en") -> str:
     """Markdown with $...$ math as one self-contained HTML page: tables and math as HTML elements, KaTeX inlined."""
+    import jinja2
+    from markdown_it import MarkdownIt
+    from markupsafe import Markup
+    from mdit_py_plugins.dollarmath import dollarmath_plugin
+
     parser = MarkdownIt("commonmark", {"html": False}).enable("table").use(dollarmath_plugin, double_inline=True)
     script, css = katex_assets()
     env = jinja2.Environment(loader=jinja2.FunctionLoader(_load), undefined=jinja2.StrictUndefined, autoescape=True)

@@ -587,19 +587,21 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 class Registry:
-    """Recipes by family, model_type, wrapper and class name, read lazily; a name defined twice is an error."""
+    """Recipes by family, model_type, wrapper and class name; a name defined twice is an error. Only each file's header
+    (its top-level keys and [wrappers]) is read up front; a recipe is parsed when first used, so more recipes cost the
+    cold CLI little."""
 
     def __init__(self, files: dict[str, str]) -> None:
         self._files = files  # family file name -> TOML text
-        self._raw: dict[str, dict[str, Any]] = {}
+        self._full: dict[str, dict[str, Any]] = {}
         self._parsed: dict[str, Recipe] = {}
+        self.headers: dict[str, dict[str, Any]] = {}  # file -> family, title, summary, model_types, architectures, wrappers
         self.by_family: dict[str, str] = {}
         self.by_type: dict[str, str] = {}
         self.by_wrapper: dict[str, str] = {}
         self.by_class: dict[str, str] = {}
         for file, text in files.items():
-            data = read_toml(text, file)
-            self._raw[file] = data
+            data = self.headers[file] = read_toml(header(text), file)
             family = data.get("family")
             if not isinstance(family, str):
                 raise SymparamError(f"{file}: missing 'family'")
@@ -611,6 +613,15 @@ class Registry:
                         raise SymparamError(f"{file}: {name!r} is already defined by {table[name]}")
                     table[name] = file
 
+    def families(self) -> list[dict[str, Any]]:
+        """Every family's header (family, title, model_types, summary, ...), in family order, without parsing recipes."""
+        return [{"title": h["family"], "model_types": [], "summary": "", **h} for h in self.headers.values()]
+
+    def _raw(self, file: str) -> dict[str, Any]:
+        if file not in self._full:
+            self._full[file] = read_toml(self._files[file], file)
+        return self._full[file]
+
     def base_of(self, data: dict[str, Any], source: str) -> dict[str, Any]:
         """What a recipe merges over: the library, or the merged recipe it extends (own names dropped)."""
         parent = data.get("extends")
@@ -619,13 +630,13 @@ class Registry:
         if not isinstance(parent, str) or parent.replace("-", "_") not in self.by_family:
             raise SymparamError(f"{source}: extends unknown family {parent!r}")
         file = self.by_family[parent.replace("-", "_")]
-        raw = self._raw[file]
+        raw = self._raw(file)
         merged = merge(self.base_of(raw, file), raw)
         return {k: v for k, v in merged.items() if k not in OWN and k != "extends"}
 
     def _recipe(self, file: str) -> Recipe:
         if file not in self._parsed:
-            raw = self._raw[file]
+            raw = self._raw(file)
             self._parsed[file] = parse_recipe(raw, f"recipes/{file}", self.base_of(raw, file))
         return self._parsed[file]
 
@@ -652,6 +663,18 @@ class Registry:
 
     def __iter__(self):
         return (self._recipe(file) for file in self.by_family.values())
+
+
+HEADER_END = re.compile(r"^\[", re.M)  # the first table: top-level keys come before it
+WRAPPERS = re.compile(r"^\[wrappers\][^\n]*\n(.*?)(?=^\[|\Z)", re.M | re.S)
+
+
+def header(text: str) -> str:
+    """A recipe's top-level keys and its [wrappers] table: all the registry needs to index it."""
+    end = HEADER_END.search(text)
+    top = text if end is None else text[:end.start()]
+    wrappers = WRAPPERS.search(text)
+    return top + ("\n[wrappers]\n" + wrappers[1] if wrappers else "")
 
 
 def builtin() -> Registry:
