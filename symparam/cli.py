@@ -72,10 +72,13 @@ def cmd_count(args: argparse.Namespace) -> str:
     from symparam.derive import grouped
     from symparam.figures import percent, scaled
 
+    from symparam.render import note
+
     model = model_from(args)
     count = model.count()
+    notes = [note(key, fields) for key, fields in model.notes]
     if args.json:
-        payload = {"name": model.name, "family": model.recipe.family, **count.as_dict()}
+        payload = {"name": model.name, "family": model.recipe.family, **model.scope, "notes": notes, **count.as_dict()}
         payload["formulas"] = {"total": str(model.total), "active": str(model.active), **{c: str(e) for c, e in model.components.items()}}
         return json.dumps(payload, indent=2)
     moe = count.active != count.total
@@ -84,7 +87,7 @@ def cmd_count(args: argparse.Namespace) -> str:
         figures.append(("active", count.active, "; one token's share of the routed experts"))
     figures.append(("active without input embedding", count.active_without_embedding, "; as vendors often quote"))
     title = model.name if model.name == model.recipe.title else f"{model.name} ({model.recipe.title})"
-    lines = [title] + [f"{label:<31}{n:>19,}  ({scaled(n)}{why})" for label, n, why in figures]
+    lines = [title] + notes + [f"{label:<31}{n:>19,}  ({scaled(n)}{why})" for label, n, why in figures]
     tied = " (tied: stored once, in the input embedding)" if model.flags.get("tied") else ""
     rows = [(c + (tied if c == "LM head" else ""), formula(grouped(model.tree, bucket=c)), f"{n:,}", f"{percent(n, count.total)}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
     header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
@@ -102,7 +105,8 @@ def cmd_list(args: argparse.Namespace) -> str:
     if args.json:
         return json.dumps({"families": families, "presets": names}, indent=2)
     width = max(len(f["family"]) for f in families)
-    lines = ["families (--arch):"] + [f"  {f['family']:<{width}}  {f['summary']}" for f in families]
+    lines = ["families (--arch), with the config.json model_type values each reads:"]
+    lines += [f"  {f['family']:<{width}}  {f['summary']}\n  {'':<{width}}  model_type: {', '.join(f['model_types'])}" for f in families]
     lines += ["", "presets (--model):"] + [f"  {name}" for name in names]
     return "\n".join(lines)
 

@@ -27,7 +27,7 @@ class Resolved:
     flags: dict[str, bool]  # switch -> on/off, e.g. "tied"
     values: dict[str, int]  # symbol name -> value, e.g. "d" -> 4096
     name: str  # preset name or file path, for titles
-    notes: tuple[str, ...] = ()  # how the config was read: "language model of a gemma3 config", ...
+    notes: tuple[tuple[str, dict[str, str]], ...] = ()  # how the config was read: (catalog phrase, its fields), e.g. ("note_wrapper", {...})
     scope: dict[str, Any] = field(default_factory=dict)  # {"scope": "language model", "wrapper": "gemma3"} for wrappers
 
 
@@ -79,11 +79,14 @@ def _reject_constant(name: str) -> None:
     raise SymparamError(f"config: {name} is not a number")
 
 
-def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], Recipe, tuple[str, ...], dict[str, Any]]:
+Note = tuple[str, dict[str, str]]  # a phrase of templates/<lang>.toml and its fields: how a config was read
+
+
+def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], Recipe, tuple[Note, ...], dict[str, Any]]:
     """The language-model config and its recipe: a multimodal wrapper's text_config, or a family found by class name."""
     model_type = raw.get("model_type")
-    wrapped = REGISTRY.wrapper(model_type) if recipe is None or model_type not in recipe.model_types else None
-    if wrapped is not None and (recipe is None or recipe is wrapped):
+    wrapped = (recipe if isinstance(model_type, str) and model_type in recipe.wrappers else None) if recipe is not None else REGISTRY.wrapper(model_type)
+    if wrapped is not None:
         spec = wrapped.wrappers[model_type]
         key = spec.get("config", "text_config")
         text = raw.get(key)
@@ -91,7 +94,7 @@ def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], 
             raise SymparamError(f"{key}: missing; a {model_type} config keeps its language model there")
         inner = {**{k: raw[k] for k in spec.get("keep", []) if k in raw}, **text}
         inner.setdefault("model_type", wrapped.model_types[0])
-        note = f"language model of a {model_type} config ({key}); the other towers are not counted"
+        note = ("note_wrapper", {"wrapper": model_type, "key": key})
         return inner, wrapped, (note,), {"scope": "language model", "wrapper": model_type}
     if recipe is not None:
         if "model_type" in raw and model_type not in recipe.model_types:
@@ -102,8 +105,8 @@ def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], 
     by_class = REGISTRY.for_class(raw.get("architectures"))
     if by_class is not None:
         cls = next(a for a in raw["architectures"] if a in by_class.architectures)
-        said = f"model_type {model_type!r} is not one symparam knows" if model_type is not None else "no model_type"
-        return raw, by_class, (f"read as {by_class.family}: {said}, and architectures names {cls}",), {}
+        fields = {"family": by_class.family, "cls": cls, "model_type": str(model_type)}
+        return raw, by_class, (("note_unknown_type" if model_type is not None else "note_no_type", fields),), {}
     return raw, REGISTRY.for_model_type(model_type), (), {}
 
 

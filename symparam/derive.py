@@ -191,6 +191,7 @@ class Derivation:
     active_without_embedding: int | None
     rows: tuple[Row, ...]
     estimate: Estimate
+    notes: tuple[tuple[str, dict[str, str]], ...]  # how the config was read (catalog phrase, fields)
     meanings: dict[str, str]  # symbol name -> its meaning in this family
     translations: dict[str, dict[str, str]]  # language -> this family's own words (components, labels, notes, meanings)
 
@@ -563,6 +564,7 @@ def derive(model: Model) -> Derivation:
         active_without_embedding=count.active_without_embedding if count else None,
         rows=table(model, count),
         estimate=estimate(model, subs, total_value),
+        notes=model.notes,
         meanings={name: s.meaning for name, s in model.recipe.symbols.items()},
         translations={"zh": {**model.recipe.zh, **{s.meaning: s.zh for s in model.recipe.symbols.values() if s.zh}}},
     )

@@ -1,26 +1,99 @@
-"""generated/: one derivation per family (Markdown and LaTeX, English and Chinese) and the source documents' examples."""
+"""generated/: one derivation per family (Markdown and LaTeX, English and Chinese), the source documents' examples, and
+the coverage matrix of transformers' causal-LM model types (written where transformers is installed: the package itself
+does not need it)."""
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Callable
+from functools import cache
+from importlib import resources
 from pathlib import Path
 
-from symparam.derive import derive
+from symparam.derive import Derivation, derive
 from symparam.files import write_atomic
 from symparam.model import Model
 from symparam.recipes import REGISTRY
 from symparam.render import FORMATS, LANGS, examples_page, render
 
 
+COVERAGE = "coverage.md"
+
+
+@cache
+def _derivation(family: str) -> Derivation:
+    return derive(Model(REGISTRY.family(family)))
+
+
 def pages() -> dict[str, Callable[[], str]]:
     """File name under generated/ -> a function producing its text."""
     out: dict[str, Callable[[], str]] = {}
-    for recipe in REGISTRY:
+    for header in REGISTRY.families():
         for fmt, ext in FORMATS.items():
             for lang in LANGS:
-                out[f"{recipe.family}.{lang}.{ext}"] = lambda r=recipe, f=fmt, l=lang: render(derive(Model(r)), f, l)
+                out[f"{header['family']}.{lang}.{ext}"] = lambda r=header["family"], f=fmt, l=lang: render(_derivation(r), f, l)
     out["examples.md"] = examples_page
+    mapping = causal_lm_types()
+    if mapping is not None:
+        out[COVERAGE] = lambda: coverage_page(*mapping)
     return out
+
+
+def causal_lm_types() -> tuple[dict[str, str], str] | None:
+    """transformers' model_type -> causal-LM class mapping and its version, or None where transformers is not installed."""
+    try:
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return None
+    return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), transformers.__version__
+
+
+def scope() -> dict[str, dict[str, str]]:
+    """The model types that are out of scope, with the reason for each (recipes/_scope.toml)."""
+    return tomllib.loads(resources.files("symparam.recipes").joinpath("_scope.toml").read_text(encoding="utf-8"))
+
+
+def coverage(mapping: dict[str, str]) -> dict[str, tuple[str, str | None, str]]:
+    """Every model type -> (status, family, how): "exact" for a recipe's own type, "wrapper" for a multimodal config
+    whose language model a recipe counts, "out of scope" with the reason, "missing" for none of these."""
+    out_of_scope = scope()
+    out = {}
+    for model_type in sorted(mapping):
+        file = REGISTRY.by_type.get(model_type) or REGISTRY.by_wrapper.get(model_type)
+        if file in REGISTRY.headers and model_type in REGISTRY.by_type:
+            out[model_type] = ("exact", REGISTRY.headers[file]["family"], "recipe, tested per tensor against transformers")
+        elif file in REGISTRY.headers:
+            out[model_type] = ("wrapper", REGISTRY.headers[file]["family"], "multimodal config: its text_config language model is counted")
+        elif model_type in out_of_scope["types"]:
+            out[model_type] = ("out of scope", None, out_of_scope["types"][model_type])
+        else:
+            out[model_type] = ("missing", None, "no recipe yet")
+    return out
+
+
+def coverage_page(mapping: dict[str, str], version: str) -> str:
+    """generated/coverage.md: every causal-LM model type of transformers with its family and status, or its reason."""
+    rows = coverage(mapping)
+    counts = {status: sum(1 for s, _, _ in rows.values() if s == status) for status in ("exact", "wrapper", "out of scope", "missing")}
+    families = len({family for _, family, _ in rows.values() if family})
+    lines = [
+        f"# Coverage: transformers {version}, causal-LM model types",
+        "",
+        f"transformers {version} maps {len(rows)} model types to a causal-LM class (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`). "
+        f"symparam counts {counts['exact']} of them exactly with a recipe of their own ({families} families), "
+        f"{counts['wrapper']} multimodal wrappers by their language model, and leaves {counts['out of scope']} out of scope, "
+        f"each with its reason; {counts['missing']} have neither a recipe nor a reason.",
+        "",
+        "| model type | class | status | family | how |",
+        "|---|---|---|---|---|",
+    ]
+    for model_type, (status, family, how) in rows.items():
+        link = f"[{family}]({family}.en.md)" if family else ""
+        lines.append(f"| `{model_type}` | `{mapping[model_type]}` | {status} | {link} | {how} |")
+    reasons = scope()["reasons"]
+    lines += ["", "Out of scope, by reason:", ""] + [f"- **{key}**: {text}." for key, text in reasons.items()]
+    return "\n".join(lines) + "\n"
 
 
 def stale(directory: Path) -> list[str]:

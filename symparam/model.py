@@ -59,15 +59,18 @@ def prune(term: Term, zero: Mapping[sp.Symbol, sp.Integer]) -> Term | None:
 class Model:
     """One architecture (a recipe with its switches set) as SymPy expressions, optionally with values."""
 
-    def __init__(self, recipe: Recipe, flags: Mapping[str, bool] | None = None, values: Mapping[str, int] | None = None, name: str = ""):
+    def __init__(self, recipe: Recipe, flags: Mapping[str, bool] | None = None, values: Mapping[str, int] | None = None, name: str = "",
+                 notes: tuple = (), scope: Mapping[str, Any] | None = None):
         self.recipe = recipe
         self.flags = {**recipe.default_switches(), **(flags or {})}
         self.values = dict(values) if values is not None else None
         self.name = name or recipe.title
+        self.notes = tuple(notes)  # how the config was read: (catalog phrase, fields), e.g. the language model of a wrapper
+        self.scope = dict(scope or {})  # {"scope": "language model", "wrapper": "gemma3"} for a multimodal config
 
     @classmethod
     def from_resolved(cls, r: Resolved) -> Model:
-        return cls(r.recipe, r.flags, r.values, r.name)
+        return cls(r.recipe, r.flags, r.values, r.name, r.notes, r.scope)
 
     @cached_property
     def tree(self) -> Term:

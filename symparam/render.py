@@ -175,6 +175,11 @@ def placeholder_names(d: Derivation, words: Words) -> dict[sp.Symbol, str]:
     return names
 
 
+def note(key: str, fields: dict[str, str], lang: str = "en") -> str:
+    """How a config was read, as plain text in a language (a catalog phrase with its fields)."""
+    return catalog(lang)["phrases"][key].format(**fields)
+
+
 def environment(fmt: str, lang: str, d: Derivation | None = None):
     """A strict Jinja environment for one format and language; user strings reach it only as escaped values."""
     import jinja2  # here, not at import: `count` prints through this module and need not load Jinja
@@ -192,6 +197,7 @@ def environment(fmt: str, lang: str, d: Derivation | None = None):
     sep = "," if fmt == "md" else "{,}"
     env.filters.update(
         esc=words.esc,
+        escfields=lambda fields: {k: words.esc(v) for k, v in fields.items()},
         math=lambda e: printer.doprint(sp.sympify(e)),
         ratio=ratio,
         num=lambda n: f"{n:,}".replace(",", sep),

@@ -146,6 +146,15 @@ def test_bad_layer_layout_names_the_field(capsys, tmp_path, config, names):
     assert names in err, err
 
 
+def test_a_wrapper_config_without_its_text_config_is_one_line(capsys, tmp_path):
+    recipe, config = tmp_path / "r.toml", tmp_path / "config.json"
+    recipe.write_text('family = "w"\nmodel_types = ["w_text"]\nextends = "llama"\n[wrappers]\nw_vlm = { config = "text_config" }\n')
+    config.write_text(json.dumps({"model_type": "w_vlm", "vision_config": {}}))
+    assert main(["count", "--recipe", str(recipe), "--config", str(config)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "symparam: error: text_config: missing; a w_vlm config keeps its language model there\n"
+
+
 def test_a_json_document_nested_100000_deep_is_the_usual_error(capsys, tmp_path):
     err = config_error(capsys, tmp_path, "[" * 100_000 + "]" * 100_000)
     assert "nested too deeply" in err

@@ -3,9 +3,11 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import symparam
 from symparam.cli import main
 
 # Published figures (DESIGN.md reference figures and the teaching example), not computed here.
@@ -99,3 +101,29 @@ def test_error_is_one_line_exit_2_without_traceback():
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "no-such-model" in proc.stderr
+
+
+WRAPPING_RECIPE = 'family = "wrapped_llama"\nmodel_types = ["wrapped_llama_text"]\nextends = "llama"\n[wrappers]\nmy_vlm = { config = "text_config" }\n'
+
+
+def test_a_wrapper_counts_its_language_model_and_says_so(capsys, tmp_path):
+    recipe, config = tmp_path / "r.toml", tmp_path / "config.json"
+    recipe.write_text(WRAPPING_RECIPE)
+    llama = json.loads((Path(symparam.__file__).parent / "presets" / "llama-2-7b.json").read_text())
+    config.write_text(json.dumps({"model_type": "my_vlm", "vision_config": {"hidden_size": 1024}, "text_config": llama | {"model_type": "wrapped_llama_text"}}))
+    code, out, _ = run(capsys, "count", "--recipe", str(recipe), "--config", str(config), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["total"] == 6_738_415_616  # Llama-2-7B's published figure: the vision config adds nothing
+    assert (data["scope"], data["wrapper"]) == ("language model", "my_vlm") and "not counted" in data["notes"][0]
+    code, out, _ = run(capsys, "count", "--recipe", str(recipe), "--config", str(config))
+    assert code == 0 and out.splitlines()[1].startswith("This is the language model of a my_vlm config (text_config)")
+
+
+def test_an_unknown_model_type_with_a_known_class_reads_as_its_family(capsys, tmp_path):
+    config = tmp_path / "config.json"
+    deepseek = json.loads((Path(symparam.__file__).parent / "presets" / "deepseek-v3.json").read_text())
+    config.write_text(json.dumps(deepseek | {"model_type": "kimi_k2"}))
+    code, out, _ = run(capsys, "count", "--config", str(config), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["family"] == "deepseek_v3" and data["total"] == 671_026_404_352  # DESIGN.md's DeepSeek-V3 figure
+    assert data["notes"] == ["Read as deepseek_v3: model_type kimi_k2 is not one symparam knows, and architectures names DeepseekV3ForCausalLM."]

@@ -1,0 +1,52 @@
+"""Coverage: every causal-LM model type of transformers has a recipe (exact), is a wrapper a recipe reads, or is out of
+scope with its reason; every model type a recipe reads counts exactly from its library-default config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from symparam.cli import main
+from symparam.docs import causal_lm_types, coverage, scope
+from symparam.recipes import REGISTRY
+
+from families import hints, model_type
+from test_exact import assert_same
+from families import set_keys
+from oracle import oracle
+
+MAPPING, VERSION = causal_lm_types()
+
+
+def test_every_causal_lm_type_has_a_recipe_or_a_reason():
+    missing = sorted(t for t, (status, _, _) in coverage(MAPPING).items() if status == "missing")
+    assert missing == [], f"transformers {VERSION}: no recipe and no stated reason for {missing}"
+
+
+def test_reasons_are_known_and_name_real_types():
+    data = scope()
+    assert set(data["types"].values()) <= set(data["reasons"])
+    assert set(data["types"]) <= set(MAPPING), "a reason for a type transformers does not map"
+    assert not set(data["types"]) & set(REGISTRY.by_type), "a type both out of scope and read by a recipe"
+
+
+ALIASES = sorted((t, REGISTRY.headers[f]["family"]) for t, f in REGISTRY.by_type.items() if t != model_type(REGISTRY.family(REGISTRY.headers[f]["family"])))
+
+
+@pytest.mark.parametrize("model_type_, family", ALIASES)
+def test_every_model_type_a_recipe_reads_counts_its_default_exactly(model_type_, family):
+    """A recipe's other model types (gpt-sw3 beside gpt2, ...): their own library defaults, per tensor."""
+    from transformers import AutoConfig
+
+    config = set_keys(AutoConfig.for_model(model_type_).to_dict(), hints(family).get("default", {}))
+    assert_same(config, oracle(config, **hints(family).get("oracle", {})))
+
+
+def test_list_shows_every_family_with_its_model_types(capsys):
+    assert main(["list", "--json"]) == 0
+    families = {f["family"]: f["model_types"] for f in json.loads(capsys.readouterr().out)["families"]}
+    assert families == {h["family"]: h["model_types"] for h in REGISTRY.families()}
+    assert main(["list"]) == 0
+    text = capsys.readouterr().out
+    assert all(t in text for types in families.values() for t in types)
