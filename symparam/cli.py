@@ -10,7 +10,7 @@ from pathlib import Path
 
 import sympy as sp
 
-from symparam.config import presets, read_config, read_preset, resolve
+from symparam.config import preset_name, read_config, read_preset, resolve
 from symparam.errors import SymparamError
 from symparam.files import write_atomic
 from symparam.model import Model
@@ -47,7 +47,7 @@ def source(args: argparse.Namespace) -> tuple[dict, Recipe | None, str]:
         raise SymparamError("give only one of --model and --config")
     recipe = load_recipe(args.recipe) if args.recipe else REGISTRY.family(args.arch) if args.arch else None
     if args.model:
-        return read_preset(args.model), recipe, args.model
+        return read_preset(args.model), recipe, preset_name(args.model) or args.model
     if args.config:
         return read_config(args.config), recipe, args.config
     if recipe is None:
@@ -100,14 +100,16 @@ def cmd_count(args: argparse.Namespace) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> str:
+    from symparam import catalog
+
     families = [{k: h[k] for k in ("family", "title", "model_types", "summary")} for h in REGISTRY.families()]
-    names = list(presets())
+    entries = catalog.index()
     if args.json:
-        return json.dumps({"families": families, "presets": names}, indent=2)
+        return json.dumps({"families": families, "presets": entries}, indent=2)
     width = max(len(f["family"]) for f in families)
     lines = ["families (--arch), with the config.json model_type values each reads:"]
     lines += [f"  {f['family']:<{width}}  {f['summary']}\n  {'':<{width}}  model_type: {', '.join(f['model_types'])}" for f in families]
-    lines += ["", "presets (--model):"] + [f"  {name}" for name in names]
+    lines += ["", catalog.text(entries)]
     return "\n".join(lines)
 
 
@@ -127,7 +129,7 @@ def add_context(parser: argparse.ArgumentParser, required: bool = False) -> None
 
 def add_plot(parser: argparse.ArgumentParser) -> None:
     add_source(parser)
-    parser.add_argument("--family", metavar="NAME", help="compare the presets of a family, e.g. gpt2 or qwen3")
+    parser.add_argument("--family", metavar="NAME", help="compare the published sizes of a series (qwen3: dense and MoE) or the presets of a family")
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.png, FILE.svg or FILE.pdf")
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -34,14 +36,28 @@ class Resolved:
 def presets() -> dict[str, Any]:
     """Preset name -> the packaged config.json file."""
     files = resources.files("symparam").joinpath("presets")
-    return {p.name.removesuffix(".json"): p for p in sorted(files.iterdir(), key=lambda p: p.name) if p.name.endswith(".json")}
+    return {p.name.removesuffix(".json"): p for p in sorted(files.iterdir(), key=lambda p: p.name) if p.name.endswith(".json") and not p.name.startswith("_")}
+
+
+@cache
+def catalog() -> dict[str, dict[str, str]]:
+    """Preset name -> {"hub": Hugging Face Hub id, "series": name}: the published models (presets/_catalog.toml)."""
+    text = resources.files("symparam").joinpath("presets", "_catalog.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)["models"]
+
+
+def preset_name(name: str) -> str | None:
+    """The preset a name means: a preset name or its Hub id, in any case; None if no preset is called that."""
+    wanted = name.lower()
+    return next((p for p in presets() if p.lower() == wanted or catalog().get(p, {}).get("hub", "").lower() == wanted), None)
 
 
 def read_preset(name: str) -> dict[str, Any]:
-    table = presets()
-    if name not in table:
-        raise SymparamError(f"model: unknown preset {name!r}; known: {', '.join(table)}")
-    return loads(table[name].read_text(encoding="utf-8"), name)
+    """A preset's config.json by its name or Hub id."""
+    found = preset_name(name)
+    if found is None:
+        raise SymparamError(f"model: unknown preset {name!r}; `symparam list` shows the {len(presets())} presets and their Hub ids")
+    return loads(presets()[found].read_text(encoding="utf-8"), found)
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -57,7 +73,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 
 def loads(text: str, where: str) -> Any:
-    """JSON text as data: NaN/Infinity refused, too-deep nesting refused, a duplicate key warned of (the last wins)."""
+    """JSON text as data, as Python's json (and so transformers) reads it: NaN and Infinity are floats (Nemotron-H's
+    time_step_limit holds Infinity; a size that is one is refused where it is read), too-deep nesting is refused, a
+    duplicate key is warned of (the last wins)."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -68,15 +86,11 @@ def loads(text: str, where: str) -> Any:
         return out
 
     try:
-        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=pairs)
+        return json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as e:
         raise SymparamError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
         raise SymparamError(f"{where}: JSON nested too deeply to be a config") from None
-
-
-def _reject_constant(name: str) -> None:
-    raise SymparamError(f"config: {name} is not a number")
 
 
 Note = tuple[str, dict[str, str]]  # a phrase of templates/<lang>.toml and its fields: how a config was read

@@ -13,7 +13,7 @@ import sympy as sp
 from dataclasses import replace
 
 from symparam.components import Term, breakdown, leaves, tensors
-from symparam.config import Resolved, as_subs, read_config, read_preset, resolve
+from symparam.config import Resolved, as_subs, preset_name, read_config, read_preset, resolve
 from symparam.errors import SymparamError
 from symparam.recipes import REGISTRY, Recipe
 from symparam.symbols import evaluate, latex, make
@@ -152,9 +152,11 @@ def family(name: str) -> Model:
 
 
 def load(source: str | Path | Mapping[str, Any], overrides: Mapping[str, int] | None = None, recipe: Recipe | None = None) -> Model:
-    """A model with values: from a preset name, a config.json path, or a config dict."""
+    """A model with values: from a preset (its name or Hub id), a config.json path, or a config dict."""
     if isinstance(source, Mapping):
         raw, name = dict(source), ""
+    elif isinstance(source, str) and preset_name(source) is not None:
+        raw, name = read_preset(source), preset_name(source)
     elif isinstance(source, str) and not source.endswith(".json") and "/" not in source:
         raw, name = read_preset(source), source
     else:

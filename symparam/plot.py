@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from symparam.config import presets, read_preset
+from symparam.catalog import index
+from symparam.config import catalog
 from symparam.errors import SymparamError
 from symparam.files import replacing
 from symparam.model import Count, Model, load
@@ -22,13 +23,17 @@ def colours(used: list[str]) -> dict[str, str]:
     return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(used)}
 
 
-def family_models(name: str) -> list[Model]:
-    """The presets of a family, smallest first."""
+def family_models(name: str) -> tuple[str, list[Model]]:
+    """A title and the presets to compare, smallest first: a catalog series (qwen3: every published Qwen3 size, dense
+    and MoE), else the presets of one recipe family."""
+    series = [p for p, entry in catalog().items() if entry.get("series") == name.lower()]
+    if series:
+        return f"{name}: parameter distribution across the published sizes", sorted((load(p) for p in series), key=lambda m: m.count().total)
     recipe = REGISTRY.family(name)
-    names = [p for p in presets() if read_preset(p).get("model_type") in recipe.model_types]
+    names = [e["name"] for e in index() if e.get("family") == recipe.family]
     if not names:
         raise SymparamError(f"family {recipe.family}: no presets to compare; try --model NAME")
-    return sorted((load(p) for p in names), key=lambda m: m.count().total)
+    return f"{recipe.title}: parameter distribution across sizes", sorted((load(p) for p in names), key=lambda m: m.count().total)
 
 
 def bars(models: list[Model]) -> list[tuple[str, dict[str, int]]]:
@@ -68,12 +73,29 @@ def _used(rows: list[tuple[str, dict[str, int]]]) -> list[str]:
 
 
 def family_figure(models: list[Model], title: str):
-    """Two panels: stacked parameters in billions per model, and the same as % of each bar."""
-    rows = bars(models)
-    used = _used(rows)
+    """As document 003 draws a family: dense models in one row, MoE models (total and active side by side) in another;
+    each row stacked parameters in billions per model, and the same as % of each bar."""
+    groups = [g for g in ([m for m in models if not _moe(m)], [m for m in models if _moe(m)]) if g]
+    used = _used([r for g in groups for r in bars(g)])
     colour = colours(used)
-    fig = _figure(max(8.0, 1.6 * len(rows) + 4), 5.6)
-    absolute, percent = fig.subplots(1, 2)
+    widest = max(len(bars(g)) for g in groups)
+    fig = _figure(max(8.0, 1.6 * widest + 4), 5.0 * len(groups) + 0.6)
+    panels = fig.subplots(len(groups), 2, squeeze=False)
+    for (absolute, percent), group in zip(panels, groups):
+        _bar_row(absolute, percent, bars(group), used, colour, "MoE, total and active" if _moe(group[0]) else "dense")
+    handles, labels = panels[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(used), 5), frameon=False)
+    fig.suptitle(title)
+    return fig
+
+
+def _moe(model: Model) -> bool:
+    c = model.count()
+    return c.active != c.total
+
+
+def _bar_row(absolute, percent, rows: list[tuple[str, dict[str, int]]], used: list[str], colour: dict[str, str], kind: str) -> None:
+    """One row of a family figure: stacked absolute parameters and their percentages, one bar per model (or two)."""
     x = range(len(rows))
     for ax, scale in ((absolute, None), (percent, 100)):
         bottom = [0.0] * len(rows)
@@ -85,21 +107,17 @@ def family_figure(models: list[Model], title: str):
                     if hgt >= 6:
                         ax.text(i, base + hgt / 2, f"{hgt:.0f}%", ha="center", va="center", fontsize=8, color="white")
             bottom = [b + hh for b, hh in zip(bottom, heights)]
-        ax.set_xticks(list(x), [label for label, _ in rows], fontsize=8)
+        ax.set_xticks(list(x), [label for label, _ in rows], fontsize=8, rotation=30, ha="right", rotation_mode="anchor")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     for i, (_, r) in enumerate(rows):
         absolute.text(i, sum(r.values()) / 1e9, f"{sum(r.values()) / 1e9:.2f} B", ha="center", va="bottom", fontsize=8)
     absolute.set_ylabel("parameters (billions, 10⁹)")
-    absolute.set_title("parameters by component")
+    absolute.set_title(f"{kind}: parameters by component")
     absolute.margins(y=0.1)
     percent.set_ylabel("share of the bar's parameters (%)")
     percent.set_ylim(0, 100)
-    percent.set_title("share by component (%)")
-    handles, labels = absolute.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(used), 5), frameon=False)
-    fig.suptitle(title)
-    return fig
+    percent.set_title(f"{kind}: share by component (%)")
 
 
 def model_figure(model: Model):
@@ -147,10 +165,9 @@ def save(fig: Any, output: str | Path) -> Path:
 
 
 def plot_family(name: str, output: str | Path) -> dict[str, Any]:
-    models = family_models(name)
-    recipe = REGISTRY.family(name)
-    path = save(family_figure(models, f"{recipe.title}: parameter distribution across sizes"), output)
-    return {"output": str(path), "family": recipe.family, "models": [m.name for m in models]}
+    title, models = family_models(name)
+    path = save(family_figure(models, title), output)
+    return {"output": str(path), "family": name, "models": [m.name for m in models]}
 
 
 def plot_model(model: Model, output: str | Path) -> dict[str, Any]:

@@ -60,7 +60,8 @@ def without(base, key):
         (with_(QWEN3_MOE, num_experts_per_tok=200), "num_experts_per_tok"),
         (with_(QWEN3_MOE, decoder_sparse_step=0), "decoder_sparse_step"),
         (with_(QWEN3_MOE, mlp_only_layers="0,1"), "mlp_only_layers"),
-        ('{"model_type": "llama", "hidden_size": NaN}', "NaN"),
+        (with_(LLAMA, hidden_size=float("nan")), "hidden_size: expected a positive integer (hidden size), got nan"),
+        (with_(LLAMA, hidden_size=float("inf")), "hidden_size: expected a positive integer (hidden size), got inf"),
         # OLMoE sizes k_norm by hidden_size // heads: 70 // 4 would silently floor, so we refuse it
         (with_(OLMOE, hidden_size=70, head_dim=16), "k_norm"),
     ],

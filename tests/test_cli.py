@@ -81,7 +81,10 @@ def test_list_shows_families_and_presets(capsys):
     families = {f["family"] for f in data["families"]}
     assert code == 0
     assert families >= {"gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gemma2", "phi3", "olmoe", "gpt_oss", "classic"}
-    assert {"qwen3-235b-a22b", "classic-512", "classic-512-tied", "deepseek-v3", "gpt2-xl"} <= set(data["presets"])
+    presets = {p["name"]: p for p in data["presets"]}
+    assert {"qwen3-235b-a22b", "classic-512", "classic-512-tied", "deepseek-v3", "gpt2-xl"} <= set(presets)
+    assert (presets["qwen3-235b-a22b"]["total"], presets["qwen3-235b-a22b"]["active"]) == (QWEN3_235B_TOTAL, QWEN3_235B_ACTIVE)
+    assert presets["qwen3-235b-a22b"]["hub"] == "Qwen/Qwen3-235B-A22B" and presets["qwen3-235b-a22b"]["family"] == "qwen3_moe"
 
 
 def test_user_recipe_file_counts_without_touching_the_package(capsys, tmp_path):

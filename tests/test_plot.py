@@ -41,12 +41,20 @@ def test_svg(tmp_path):
 
 
 def test_family_presets_in_size_order():
-    assert [m.name for m in family_models("gpt2")] == ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+    assert [m.name for m in family_models("gpt2")[1]] == ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+
+
+def test_a_series_draws_every_published_size_dense_and_moe():
+    # document 003 plots Qwen3 0.6B to 32B dense and the MoE models: the catalog has six dense and three MoE sizes
+    title, models = family_models("qwen3")
+    assert [m.name for m in models] == ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-30b-a3b", "qwen3-32b",
+                                        "qwen3-235b-a22b", "qwen3-coder-480b-a35b"]
+    assert "qwen3" in title
 
 
 def test_bad_outputs(tmp_path, capsys):
     assert main(["plot", "--model", "gpt2", "-o", str(tmp_path / "x.jpg")]) == 2
-    assert main(["plot", "--family", "gemma2", "-o", str(tmp_path / "x.png")]) == 2
+    assert main(["plot", "--family", "olmoe", "-o", str(tmp_path / "x.png")]) == 2  # a family with no preset
     assert main(["plot", "--family", "gpt2", "--model", "gpt2", "-o", str(tmp_path / "x.png")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 3
     assert list(tmp_path.iterdir()) == []

@@ -649,7 +649,7 @@ class Registry:
 
     def for_model_type(self, model_type: Any) -> Recipe:
         if not isinstance(model_type, str) or model_type not in self.by_type:
-            raise SymparamError(f"model_type: unsupported {model_type!r}; supported: {', '.join(self.by_type)}")
+            raise SymparamError(f"model_type: unsupported {model_type!r}; `symparam list` shows the {len(self.by_type)} supported model types")
         return self._recipe(self.by_type[model_type])
 
     def wrapper(self, model_type: Any) -> Recipe | None:
