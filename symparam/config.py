@@ -180,6 +180,8 @@ class Values:
         s = self.recipe.symbols[symbol]
         if s.layers is not None:
             value = self.mask(symbol).count(True)
+        elif s.each is not None:
+            value = self.per_layer(symbol)
         else:
             key = next((k for k in s.keys if self.read(k) is not None), None)
             if key is not None:
@@ -210,6 +212,26 @@ class Values:
             rule = self.recipe.layer_symbols[symbol]
             self.masks[symbol] = rule.layers(self.read, layers)
         return self.masks[symbol]
+
+    def per_layer(self, symbol: str) -> int:
+        """A size read layer by layer (`each`): the one value its layers share (those of `over`, else all); 0 where the
+        model has no such layer. Values that differ within those layers are an error: exact or nothing."""
+        s = self.recipe.symbols[symbol]
+        rule = self.recipe.per_layer_symbols[symbol]
+        layers = self.get("N")
+        mask = self.mask(s.over) if s.over else Uniform(True, layers)
+        if not mask.count(True):
+            return 0
+        values = rule.layers_values(self.read, layers)
+        found = {0: values.value} if isinstance(values, Uniform) else {i: v for i, v in enumerate(values) if mask[i]}
+        key = next((k for k in rule.reads if k != "i"), symbol)
+        first = next(iter(found))
+        for i, v in found.items():
+            _check(self.recipe, symbol, f"{key} (layer {i})", v)
+            if v != found[first]:
+                kind = f"the {s.over} layers" if s.over else "the layers"
+                raise SymparamError(f"{key}: {symbol} is {found[first]} at layer {first} but {v} at layer {i}, within {kind}; symparam needs one value per layer kind")
+        return found[first]
 
     def _default(self, symbol: str, required: bool) -> int | None:
         s = self.recipe.symbols[symbol]

@@ -29,8 +29,8 @@ def path(node: ast.AST) -> str | None:
     """The config key a node reads ("sliding_window", "linear_attn_config.num_heads", "layer_types"), if it reads one."""
     if isinstance(node, ast.Name):
         return node.id
-    if isinstance(node, ast.Attribute):
-        base = path(node.value)
+    if isinstance(node, ast.Attribute):  # a dotted key; on an indexed value (per_layer_config[i].x) a computed one
+        base = path(node.value) if not isinstance(node.value, ast.Subscript) else None
         return f"{base}.{node.attr}" if base else None
     if isinstance(node, ast.Subscript):
         return path(node.value)
@@ -77,13 +77,18 @@ class Rule:
     def layers(self, lookup: Callable[[str], Any], count: int) -> Sequence[bool]:
         """For each of `count` layers, whether the rule selects it; one evaluation when its value does not read i
         (use_sliding_window false decides every layer at once)."""
+        values = self.layers_values(lookup, count)
+        return Uniform(bool(values.value), count) if isinstance(values, Uniform) else [bool(v) for v in values]
+
+    def layers_values(self, lookup: Callable[[str], Any], count: int) -> Sequence[Any]:
+        """The rule's value at each of `count` layers; one evaluation when it does not read i."""
         try:
-            return Uniform(bool(self(lookup, ANY_LAYER)), count)
+            return Uniform(self(lookup, ANY_LAYER), count)
         except NeedsLayer:
             pass
         if count > MAX_LAYERS:
             raise SymparamError(f"num_hidden_layers: {count:,} layers are too many to apply the layer rule {self.text!r} one by one (at most {MAX_LAYERS:,})")
-        return [bool(self(lookup, i)) for i in range(count)]
+        return [self(lookup, i) for i in range(count)]
 
     def _eval(self, node: ast.AST, lookup: Callable[[str], Any], i: int | None) -> Any:
         ev = lambda n: self._eval(n, lookup, i)  # noqa: E731
@@ -94,7 +99,10 @@ class Rule:
                 raise NeedsLayer
             return i if node.id == "i" else FUNCTIONS.get(node.id) if node.id in FUNCTIONS else lookup(node.id)
         if isinstance(node, ast.Attribute):
-            return lookup(path(node)) if path(node) else self._fail(node, "attribute of a computed value")
+            if path(node):
+                return lookup(path(node))
+            value = ev(node.value)
+            return value.get(node.attr) if isinstance(value, dict) else self._fail(node, "attribute of a value that is not a table")
         if isinstance(node, (ast.List, ast.Tuple)):
             return [ev(e) for e in node.elts]
         if isinstance(node, ast.BoolOp):  # Python's: the operand that decides ("mlp_only_layers or []" is the list)
@@ -126,8 +134,8 @@ class Rule:
 
     def _index(self, node: ast.Subscript, container: Any, index: Any, lookup: Callable[[str], Any]) -> Any:
         key = path(node.value) or "value"
-        if isinstance(container, dict):
-            return container.get(index)
+        if isinstance(container, dict):  # a table keyed by layer: JSON keys are strings ("2", "02"), as transformers reads int(key)
+            return next((v for k, v in container.items() if k == index or (type(index) is int and str(k).isdigit() and int(k) == index)), None)
         if not isinstance(container, (list, str)):
             raise SymparamError(f"{key}: expected a list or a string, got {json.dumps(container)} (read by the rule {self.text!r})")
         if type(index) is not int or not 0 <= index < len(container):

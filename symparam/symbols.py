@@ -25,6 +25,8 @@ class SymbolDef:
     layers: str | None = None  # a layer-count symbol: the rule over layer index i that selects its layers
     zero: bool = False  # may be zero (a layer count, shared experts); other dimensions are positive
     zh: str = ""  # the meaning in Chinese, for derivations in zh
+    each: str | None = None  # read per layer: a rule over the config and layer index i (a size that is listed per layer)
+    over: str | None = None  # the layer-count symbol whose layers share the value read by `each` (default: every layer)
 
 
 TABLE: tuple[SymbolDef, ...] = (

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sympy as sp
 
 import symparam
-from symparam.recipes import REGISTRY
+from symparam.errors import SymparamError
+from symparam.recipes import REGISTRY, load_recipe
 from symparam.symbols import N, N_dense, V, d, d_ff, g, h, h_d, h_kv, k, n
 
 FAMILIES = sorted(recipe.family for recipe in REGISTRY)
@@ -69,8 +72,8 @@ def test_components_sum_to_total_and_active(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_counts_are_exact_ints_beyond_10_to_the_12(family):
     model = symparam.family(family)
-    # Large odd-ish sizes keep every term whole (h = h_kv, h | d) and push totals past float's 2**53.
-    big = {str(s): 3 for s in model.symbols} | {"V": 10**7 + 1, "d": 2**17 + 6, "d_ff": 10**6 + 1, "d_moe": 10**6 + 3, "h": 2, "h_kv": 2, "h_d": 2**16 + 3}
+    # Large odd-ish sizes keep every term whole (h = h_kv, h | d); the embedding alone (V d) is past float's 2**53.
+    big = {str(s): 3 for s in model.symbols} | {"V": 10**11 + 1, "d": 2**17 + 6, "d_ff": 10**6 + 1, "d_moe": 10**6 + 3, "h": 2, "h_kv": 2, "h_d": 2**16 + 3}
     big |= {"N": 100_003, "N_dense": 1, "n": 64, "k": 8, "P": 10**5 + 7}
     count = model.count({key: value for key, value in big.items() if key in map(str, model.symbols)})
     figures = [count.total, count.active, *count.components.values(), *count.active_components.values()]
@@ -105,3 +108,21 @@ def test_expressions_use_the_exported_canonical_symbols():
     free = set().union(*(symparam.family(f).total.free_symbols for f in FAMILIES))
     assert free <= set(symparam.symbols.SYMBOLS.values())
     assert symparam.symbols.N is N and symparam.symbols.h_kv is h_kv
+
+
+PER_LAYER = Path(__file__).parent / "recipes" / "per_layer_heads.toml"
+PER_LAYER_CONFIG = {"model_type": "perlayer", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 4, "num_hidden_layers": 3, "num_key_value_heads": 1,
+                    "num_attention_heads": 2, "head_dim": 2, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
+
+
+def test_a_size_read_per_layer_takes_each_kinds_value():
+    model = symparam.load(PER_LAYER_CONFIG | {"heads_per_layer": [4, 2, 4]}, recipe=load_recipe(PER_LAYER))
+    assert (model.values["h_swa"], model.values["h"]) == (4, 2)
+    # by hand: two sliding layers of q and o with 4 heads of 2 over d = 8; one full layer of q, k, v, o (2, 1, 1, 2 heads)
+    attention = 2 * (2 * 4 * 2 * 8) + (2 + 1 + 1 + 2) * 2 * 8
+    assert model.count().components["attention"] == attention
+
+
+def test_a_size_read_per_layer_that_differs_within_a_kind_is_an_error():
+    with pytest.raises(SymparamError, match=r"^heads_per_layer: h_swa is 4 at layer 0 but 6 at layer 2, within the N_swa layers"):
+        symparam.load(PER_LAYER_CONFIG | {"heads_per_layer": [4, 2, 6]}, recipe=load_recipe(PER_LAYER))

@@ -37,7 +37,7 @@ FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
     "attend": ({"qk", "v", "heads"}, set()),  # widths a query scores against and sums per attended position; query heads
 }
-SYMBOL_FIELDS = {"latex", "meaning", "keys", "default", "layers", "zero", "zh"}
+SYMBOL_FIELDS = {"latex", "meaning", "keys", "default", "layers", "zero", "zh", "each", "over"}
 NAME_TABLES = ("rename", "not_parameters")  # [names]: how checkpoints name tensors, regex -> replacement (verify.py)
 
 
@@ -96,6 +96,11 @@ class Recipe:
     def config_keys(self, symbol: str) -> tuple[str, ...]:
         """The config keys a symbol is read from in this family."""
         return self.symbols[symbol].keys
+
+    @cached_property
+    def per_layer_symbols(self) -> dict[str, Rule]:
+        """Symbols read layer by layer (`each`), with their rules over layer index i."""
+        return {name: compile_rule(s.each, f"{self.source}: [symbols] {name}.each") for name, s in self.symbols.items() if s.each is not None}
 
     @cached_property
     def layer_symbols(self) -> dict[str, Rule]:
@@ -307,6 +312,9 @@ def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
         layers = spec.get("layers", base.layers if base else None)
         if layers is not None:
             compile_rule(layers, f"{where}.layers")
+        each = spec.get("each", base.each if base else None)
+        if each is not None:
+            compile_rule(each, f"{where}.each")
         table[name] = SymbolDef(
             name=name,
             latex=str(spec.get("latex", base.latex if base else name)),
@@ -316,8 +324,12 @@ def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
             layers=None if layers is None else str(layers),
             zero=bool(spec.get("zero", base.zero if base else layers is not None)),
             zh=str(spec.get("zh", base.zh if base else "")),
+            each=None if each is None else str(each),
+            over=spec.get("over", base.over if base else None),
         )
     for s in table.values():
+        if s.over is not None and (s.over not in table or table[s.over].layers is None):
+            raise SymparamError(f"{source}: [symbols] {s.name}.over: {s.over!r} is not a layer-count symbol")
         define(SymbolDef(s.name, s.latex, s.meaning, zero=s.zero))
     _no_cycles(table, source)
     return table
