@@ -25,7 +25,7 @@ CONVENTION = (
 def matmul_parameters(model: Model, active: bool = True) -> sp.Expr:
     """Weights of the matrix multiplications one token passes through (all experts if not `active`)."""
     return sp.expand(sum(
-        (copies * sp.Mul(*leaf.shape) for leaf, copies, _, _ in leaves(model.tree, active) if len(leaf.shape) == 2 and not (leaf.lookup or leaf.buffer)),
+        (copies * sp.Mul(*leaf.shape) for leaf, copies, _, _ in leaves(model.tree, active) if len(leaf.shape) == 2 and leaf.matmul and not (leaf.lookup or leaf.buffer)),
         sp.Integer(0),
     ))
 

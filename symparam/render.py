@@ -152,9 +152,9 @@ class Words:
         """A title, note or meaning in this language (the English text where the catalog has none), escaped."""
         return self.esc(translate(self.table, self.own, section, text) or text)
 
-    def phrase(self, key: str, **fields: str) -> str:
+    def phrase(self, name: str, /, **fields: str) -> str:
         """A catalog phrase with its literal text escaped and the fields (already formatted) put in."""
-        source = self.table["phrases"][key]
+        source = self.table["phrases"][name]
         out = []
         for literal, field, _, _ in string.Formatter().parse(source):
             out.append(self.esc(literal))

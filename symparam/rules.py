@@ -22,7 +22,10 @@ _NODES = (ast.Expression, ast.Name, ast.Constant, ast.Attribute, ast.Subscript, 
           ast.BinOp, ast.IfExp, ast.List, ast.Tuple, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub,
           *_COMPARE, *_ARITHMETIC)
 MAX_LAYERS = 10**6  # a layer rule that reads i is applied to each layer: beyond this, no real model
-FUNCTIONS: dict[str, Callable[..., Any]] = {"len": len, "bool": bool, "any": any, "all": all}
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "len": len, "bool": bool, "any": any, "all": all,
+    "nth": lambda value, i: value[i] if isinstance(value, list) else value,  # a size given once or per layer (Gemma 3n's intermediate_size)
+}
 
 
 def path(node: ast.AST) -> str | None:
@@ -101,8 +104,8 @@ class Rule:
         if isinstance(node, ast.Attribute):
             if path(node):
                 return lookup(path(node))
-            value = ev(node.value)
-            return value.get(node.attr) if isinstance(value, dict) else self._fail(node, "attribute of a value that is not a table")
+            value = ev(node.value)  # an entry a table does not have reads as None, as an unset key does
+            return value.get(node.attr) if isinstance(value, dict) else None if value is None else self._fail(node, "attribute of a value that is not a table")
         if isinstance(node, (ast.List, ast.Tuple)):
             return [ev(e) for e in node.elts]
         if isinstance(node, ast.BoolOp):  # Python's: the operand that decides ("mlp_only_layers or []" is the list)

@@ -72,17 +72,26 @@ class Stored:
 
 @dataclass
 class Expected:
-    """One tensor name of the model (indices left out): its shape, bucket, and copies (layers x experts)."""
+    """One tensor name of the model (indices left out): its bucket, and its shape and copies (layers x experts) in each
+    layer kind that has it (Gemma 4's FFN is wider in some layers than in others)."""
 
     name: str
     bucket: str
-    shape: tuple[sp.Expr, ...]
-    copies: sp.Expr
+    kinds: list[tuple[tuple[sp.Expr, ...], sp.Expr]]  # (shape, copies) per layer kind
     tied: bool
 
     @property
     def expr(self) -> sp.Expr:
-        return sp.Integer(0) if self.tied else self.copies * sp.Mul(*self.shape)
+        return sp.Integer(0) if self.tied else sp.expand(sp.Add(*(copies * sp.Mul(*shape) for shape, copies in self.kinds)))
+
+    @property
+    def shape(self) -> tuple[sp.Expr, ...] | None:
+        """The one shape of every copy, or None where layer kinds differ."""
+        return self.kinds[0][0] if all(shape == self.kinds[0][0] for shape, _ in self.kinds) else None
+
+    @property
+    def copies(self) -> sp.Expr:
+        return sp.expand(sp.Add(*(copies for _, copies in self.kinds)))
 
 
 @dataclass(frozen=True)
@@ -193,12 +202,7 @@ def expected_tensors(tree: Term) -> dict[str, Expected]:
         if leaf.buffer:
             continue
         name = strip(path)
-        if name in found:
-            found[name].copies += copies
-        else:
-            found[name] = Expected(name, bucket or "", leaf.shape, copies, leaf.tied)
-    for e in found.values():
-        e.copies = sp.expand(e.copies)
+        found.setdefault(name, Expected(name, bucket or "", [], leaf.tied)).kinds.append((leaf.shape, copies))
     return found
 
 
@@ -345,8 +349,9 @@ def describe(unit: Unit, model_tensors: dict[str, Expected], expected: int, foun
         key = _tie_key(model)
         return (f"{label} ({bucket}): stored ({found:,} values) but the config ties the head to the input embedding "
                 f"({key} = true): if the head is trained separately, set {key} to false; if it is a copy, the file stores it twice")
-    per_copy_expr = sp.Add(*(sp.Mul(*p.shape) for p in parts))
-    copies = parts[0].copies if all(p.copies == parts[0].copies for p in parts) else None
+    uniform = all(p.shape is not None for p in parts) and all(p.copies == parts[0].copies for p in parts)
+    per_copy_expr = sp.Add(*(sp.Mul(*p.shape) for p in parts)) if uniform else sp.Integer(0)
+    copies = parts[0].copies if uniform else None
     if copies is None or per_copy_expr.free_symbols == set():
         formula = sp.Add(*(p.expr for p in parts))
         said = f"expected {formula} = {expected:,}"

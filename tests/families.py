@@ -145,8 +145,8 @@ def random_config(draw, family: str) -> dict[str, Any]:
     for rule in recipe.layer_symbols.values():
         for key in rule.reads:
             current = read(key)
-            if key in recipe.lists or key == "i":
-                continue
+            if key in recipe.lists or key == "i" or key in (first_key(recipe, s, base) for s in CORE):
+                continue  # a core size (num_hidden_layers) is drawn above
             if isinstance(current, list) and all(type(x) is int for x in current):
                 values[key] = draw(st.lists(st.integers(0, layers - 1), unique=True, max_size=layers))
             elif type(current) is int:

@@ -30,7 +30,7 @@ TOP_LEVEL = {"family", "title", "model_types", "architectures", "wrappers", "sum
              "switches", "blocks", "lists", "checks", "names", "zh"}
 OWN = ("family", "title", "model_types", "architectures", "wrappers", "summary")  # never inherited through `extends`
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
-                "buffer", "lookup", "layers"}
+                "buffer", "lookup", "layers", "matmul"}
 BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend"}
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
@@ -59,6 +59,7 @@ class Entry:
     tied: Rule | None
     buffer: bool
     lookup: bool
+    matmul: bool  # a 2-D tensor that multiplies activations (FLOPs); false for a bias or gate shaped as a matrix
     layers: bool  # the decoder-layer stack: entries inside may be variants chosen per layer
 
 
@@ -208,7 +209,7 @@ class _Builder:
         if e.shape:
             return c.Term(key=e.key, label=self.words(e.label or e.key, env), note=self.words(e.note, env),
                           shape=tuple(self.formula(s, env) for s in e.shape), component=e.component,
-                          tied=self.on(e.tied, env) if e.tied else False, buffer=e.buffer, lookup=e.lookup)
+                          tied=self.on(e.tied, env) if e.tied else False, buffer=e.buffer, lookup=e.lookup, matmul=e.matmul)
         block = self.recipe.blocks[e.block]
         args = self.bind(block, e, env)
         words = {"label": e.label, "note": e.note, "component": e.component}
@@ -377,7 +378,7 @@ def _entry(key: str, spec: Any, where: str) -> Entry:
     for name in ("times", "active"):
         if name in spec and not isinstance(spec[name], (str, int)):
             raise SymparamError(f"{where}: {name} must be a formula, got {spec[name]!r}")
-    for name in ("buffer", "lookup", "layers"):
+    for name in ("buffer", "lookup", "layers", "matmul"):
         if name in spec and not isinstance(spec[name], bool):
             raise SymparamError(f"{where}: {name} must be true or false")
     return Entry(
@@ -395,6 +396,7 @@ def _entry(key: str, spec: Any, where: str) -> Entry:
         tied=compile_rule(spec["tied"], f"{where}.tied") if "tied" in spec else None,
         buffer=bool(spec.get("buffer", False)),
         lookup=bool(spec.get("lookup", False)),
+        matmul=bool(spec.get("matmul", True)),
         layers=bool(spec.get("layers", False)),
     )
 
