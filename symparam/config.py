@@ -106,8 +106,12 @@ def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], 
         text = raw.get(key)
         if not isinstance(text, dict):
             raise SymparamError(f"{key}: missing; a {model_type} config keeps its language model there")
-        inner = {**{k: raw[k] for k in spec.get("keep", []) if k in raw}, **text}
+        defaults = spec.get("defaults", {})  # the wrapper config's own defaults for the keys it keeps
+        kept = {k: raw.get(k, defaults.get(k)) for k in spec.get("keep", []) if k in raw or k in defaults}
+        inner = {**text, **kept}  # a kept key is the wrapper's: transformers ties a wrapper's head by its top-level flag
         inner.setdefault("model_type", wrapped.model_types[0])
+        if recipe is None and inner["model_type"] in REGISTRY.by_type:  # Mistral 3 may wrap a plain "mistral" text config
+            wrapped = REGISTRY.for_model_type(inner["model_type"])
         note = ("note_wrapper", {"wrapper": model_type, "key": key})
         return inner, wrapped, (note,), {"scope": "language model", "wrapper": model_type}
     if recipe is not None:

@@ -1,4 +1,4 @@
-"""Every family under test: its oracle configs (library default, or a fixed config where the default does not build)
+r"""Every family under test: its oracle configs (library default, or a fixed config where the default does not build)
 and a random small config generator driven by the recipe's own data (symbols, switches, layer rules, lists).
 
 A family may add hints in tests/families/<family>.toml, each optional:
@@ -9,8 +9,12 @@ A family may add hints in tests/families/<family>.toml, each optional:
     [ranges]    key = [low, high]    # random configs draw this integer key from the range
     [tiny]      key = value          # merged over the tiny config test_features runs for real (see tiny_config)
     [features]  cache = "why"        # test_features: symparam's cache differs from transformers' by definition
+                matmul = "why"       # ... and its matmul weights per token (a weight applied once per head, ...)
+    [assume]    "rule" = "why"       # random configs must satisfy these rules over the config (relations transformers does not check)
     [oracle]    routed = "regex"     # which tensors are routed experts (default \.experts\.); experts / per_token: n and k keys
     [wrappers.<type>] key = value    # merged over a multimodal wrapper's library default (dotted keys: "text_config.x")
+    [text_oracle] <wrapper> = "why"  # the wrapper does not build here (its vision tower needs a library the tests lack):
+                                     # compare with the language model transformers builds from its text_config
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from symparam.recipes import REGISTRY, Recipe
-from symparam.rules import lookup_in
+from symparam.rules import compile_rule, lookup_in
 
 HINTS = Path(__file__).parent / "families"
 NO_SPECIAL_TOKENS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # small V: ids out of range
@@ -102,8 +107,8 @@ def tiny_config(family: str) -> dict[str, Any]:
                 values[key] = value[:TINY_LAYERS]
     if type(base.get("sliding_window")) is int:
         values["sliding_window"] = TINY_WINDOW
-    config = set_keys(base, values | hints(family).get("tiny", {}))
-    return config if family == "classic" else config | NO_SPECIAL_TOKENS
+    special = {} if family == "classic" else NO_SPECIAL_TOKENS
+    return set_keys(base, values | special | hints(family).get("tiny", {}))
 
 
 @st.composite
@@ -158,13 +163,16 @@ def random_config(draw, family: str) -> dict[str, Any]:
     for key in per_layer:  # lists of one entry per layer: drawn anew where the recipe knows their kinds, else left to the library
         spec = recipe.lists.get(key)
         values[key] = draw(st.lists(st.sampled_from(spec["values"]), min_size=layers, max_size=layers)) if spec and spec["values"] and draw(st.booleans()) else None
+    values |= {} if family == "classic" else NO_SPECIAL_TOKENS  # small V: no special ids out of range, unless the hints say
     for key, choices in hint.get("choices", {}).items():
         values[key] = draw(st.sampled_from(choices))
     for key, (low, high) in hint.get("ranges", {}).items():
         values[key] = draw(st.integers(low, high))
     values |= hint.get("fixed", {})
     config = {k: v for k, v in set_keys(base, values).items() if not (k in per_layer and values[k] is None)}
-    return config if family == "classic" else config | NO_SPECIAL_TOKENS
+    for rule in hint.get("assume", {}):
+        assume(compile_rule(rule, f"tests/families/{family}.toml [assume]")(lookup_in(config)))
+    return config
 
 
 __all__ = ["default_config", "random_config", "tiny_config", "model_type", "hints", "set_keys"]

@@ -125,15 +125,15 @@ def test_memory_matches_the_real_cache(family):
 
 def hf_matmul_parameters(model: Any, routed: str = ROUTED, experts: str | None = None, per_token: str | None = None) -> int:
     """Weights one token multiplies by in a transformers model: 2-D weights outside embedding tables (a tied LM head
-    included), and k/n of the stacked 3-D routed-expert tensors."""
+    included), stacked 3-D expert tensors (k/n of the routed ones), not convolution kernels."""
     from torch import nn
 
     n, k = routing(model.config, experts, per_token)
     total = Fraction(0)
     for name, p in model.named_parameters(remove_duplicate=False):
         owner = model.get_submodule(name.rpartition(".")[0])
-        if p.ndim == 3 and re.search(routed, f".{name}"):
-            total += Fraction(p.numel() * k, n)
+        if p.ndim == 3 and not isinstance(owner, nn.modules.conv._ConvNd):
+            total += Fraction(p.numel() * k, n) if re.search(routed, f".{name}") else p.numel()
         elif p.ndim == 2 and name.endswith("weight") and not isinstance(owner, nn.Embedding):
             total += p.numel()
     return int(total)
@@ -143,4 +143,9 @@ def hf_matmul_parameters(model: Any, routed: str = ROUTED, experts: str | None =
 def test_matmul_parameters_match_the_implementation(family):
     config = default_config(family)
     theirs = hf_matmul_parameters(meta_model(json.dumps(config, sort_keys=True)), **hints(family).get("oracle", {}))
-    assert flops(load(config), seq=8)["matmul_parameters"] == theirs
+    ours = flops(load(config), seq=8)["matmul_parameters"]
+    differs = hints(family).get("features", {}).get("matmul")
+    if differs:  # a difference of definition, documented in the family's hints
+        assert ours != theirs, f"the documented difference ({differs}) no longer holds: drop it"
+    else:
+        assert ours == theirs

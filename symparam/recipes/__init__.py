@@ -528,7 +528,7 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
     wrappers = _table(full, "wrappers", source)
     for name, spec in wrappers.items():
         if not isinstance(spec, dict) or not isinstance(spec.get("config", "text_config"), str):
-            raise SymparamError(f"{source}: [wrappers] {name}: expected {{ config = \"text_config\", keep = [...] }}")
+            raise SymparamError(f"{source}: [wrappers] {name}: expected {{ config = \"text_config\", keep = [...], defaults = {{...}} }}")
     recipe = Recipe(
         family=str(full["family"]),
         title=str(full.get("title", full["family"])),
