@@ -113,6 +113,11 @@ _OPERATORS: dict[type, Callable[[Any, Any], Any]] = {
 }
 
 
+FORMULA_FUNCTIONS: dict[str, Callable[[sp.Expr], sp.Expr]] = {
+    "isqrt": lambda x: sp.floor(sp.sqrt(x)),  # Doge's retrieval experts: 2*isqrt(n) router rows
+}
+
+
 def parse(formula: str | int, names: Mapping[str, sp.Expr] | None = None, known: Callable[[str], sp.Expr] = symbol) -> sp.Expr:
     """A formula such as "4*d" or "2*h_kv*h_d" as an expression: symbols (or `names`), integers and + - * / ** // %."""
     if type(formula) is int:
@@ -129,7 +134,9 @@ def parse(formula: str | int, names: Mapping[str, sp.Expr] | None = None, known:
             return sp.Integer(node.value)
         if isinstance(node, ast.Name):
             return names[node.id] if names is not None and node.id in names else known(node.id)
-        raise SymparamError(f"formula {formula!r}: only symbols, integers and + - * / ** // % are allowed")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORMULA_FUNCTIONS and len(node.args) == 1 and not node.keywords:
+            return FORMULA_FUNCTIONS[node.func.id](walk(node.args[0]))
+        raise SymparamError(f"formula {formula!r}: only symbols, integers, + - * / ** // % and {', '.join(FORMULA_FUNCTIONS)}() are allowed")
 
     if not isinstance(formula, str):
         raise SymparamError(f"formula {formula!r}: expected a formula such as \"4*d\"")
