@@ -246,10 +246,16 @@ def size(term: sp.Expr) -> int:
     return sum(abs(int(e)) for b, e in (f.as_base_exp() for f in sp.Mul.make_args(term)) if b.is_Symbol)
 
 
-def assume(term: sp.Expr) -> tuple[sp.Expr, tuple[Assumption, ...]]:
+def applicable(expr: sp.Expr) -> tuple[Assumption, ...]:
+    """The assumptions that speak of an expression: every symbol they relate is in it (JetMoE's count has h_d but no h,
+    so h h_d = d would bring in a symbol the model does not have)."""
+    return tuple(a for a in ASSUMPTIONS if (a.lhs.free_symbols | a.rhs.free_symbols) - {g} <= expr.free_symbols)
+
+
+def assume(term: sp.Expr, assumptions: tuple[Assumption, ...] = ASSUMPTIONS) -> tuple[sp.Expr, tuple[Assumption, ...]]:
     """A monomial under the assumptions, where they make it no longer (2 d h h_d -> 2d^2, but 2h_d stays 2h_d)."""
     out, used = term, ()
-    for a in ASSUMPTIONS:
+    for a in assumptions:
         if a.needs in out.free_symbols:
             after = sp.expand(out.subs(dict(a.subs)))
             if after != out:
@@ -267,11 +273,11 @@ def by_ratio(terms) -> list[sp.Expr]:
     return [key * sp.Add(*parts) if len(parts) > 1 else key * parts[0] for key, parts in groups.items()]
 
 
-def simplify_under(terms) -> tuple[list[sp.Expr], tuple[Assumption, ...]]:
+def simplify_under(terms, assumptions: tuple[Assumption, ...] = ASSUMPTIONS) -> tuple[list[sp.Expr], tuple[Assumption, ...]]:
     """Monomials (in order) under the assumptions, grouped by g, and which assumptions changed them."""
     out, used = [], set()
     for term in terms:
-        after, by = assume(term)
+        after, by = assume(term, assumptions)
         out.append(after)
         used.update(by)
     return sorted(by_ratio(monomials(out)), key=lambda t: -degree(t)), tuple(a for a in ASSUMPTIONS if a in used)
@@ -344,9 +350,10 @@ def with_g(values: Mapping[sp.Symbol, int]) -> dict[sp.Symbol, int]:
 def closed_form(general: sp.Expr, tree: Term, values: Mapping[sp.Symbol, int] | None, what: str = "", model: bool = False) -> ClosedForm:
     """The closed form of `general`, the count of `tree`, written by layer kind."""
     used: set[Assumption] = set()
+    allowed = applicable(general)
 
     def rewrite(part):
-        out, by = simplify_under(part)
+        out, by = simplify_under(part, allowed)
         used.update(by)
         return out
 
@@ -410,7 +417,7 @@ class _Walker:
         model = index == 0
         terms = grouped(one, model=model)
         what = f"{self.name}: {path}"
-        closed = closed_form(expanded, one, self.values, what, model) if simplify_under(monomials([expanded]))[1] else None
+        closed = closed_form(expanded, one, self.values, what, model) if simplify_under(monomials([expanded]), applicable(expanded))[1] else None
         self.steps[index] = Step(
             index=index,
             path=path,

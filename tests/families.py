@@ -96,7 +96,7 @@ def tiny_config(family: str) -> dict[str, Any]:
         if key is not None and type(read(key)) is int:
             values[key] = size
     h, h_kv = (first_key(recipe, s, base) for s in ("h", "h_kv"))
-    if h_kv and read(h_kv) is not None and read(h_kv) == read(h):
+    if h and h_kv and read(h_kv) is not None and read(h_kv) == read(h):
         values[h_kv] = TINY["h"]  # multi-head attention stays multi-head
     n_key = first_key(recipe, "N", base) or "num_hidden_layers"
     layers = read(n_key)

@@ -107,7 +107,14 @@ def language_tensors(found: dict[str, int]) -> dict[str, int]:
 def routing(cfg: Any, experts_key: str | None = None, per_token_key: str | None = None) -> tuple[int, int | None]:
     """(n, k) as the built config holds them, read from the keys families use (or the family's own keys)."""
     cfg = getattr(cfg, "text_config", None) or cfg
-    read = lambda keys: next((getattr(cfg, key) for key in keys if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key)), None)  # noqa: E731
+
+    def get(key: str) -> Any:  # a dotted key reads a sub-config (DBRX's ffn_config.moe_num_experts)
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part, None)
+        return value
+
+    read = lambda keys: next((get(key) for key in keys if isinstance(get(key), int) and get(key)), None)  # noqa: E731
     return read((experts_key,) if experts_key else EXPERT_COUNT_KEYS) or 0, read((per_token_key,) if per_token_key else PER_TOKEN_KEYS)
 
 

@@ -124,8 +124,8 @@ def test_memory_matches_the_real_cache(family):
 
 
 def hf_matmul_parameters(model: Any, routed: str = ROUTED, experts: str | None = None, per_token: str | None = None) -> int:
-    """Weights one token multiplies by in a transformers model: 2-D weights outside embedding tables (a tied LM head
-    included), stacked 3-D expert tensors (k/n of the routed ones), not convolution kernels."""
+    """Weights one token multiplies by in a transformers model: 2-D weights outside embedding tables and norms (a tied
+    LM head included), stacked 3-D expert tensors (k/n of the routed ones), not convolution kernels."""
     from torch import nn
 
     n, k = routing(model.config, experts, per_token)
@@ -134,7 +134,7 @@ def hf_matmul_parameters(model: Any, routed: str = ROUTED, experts: str | None =
         owner = model.get_submodule(name.rpartition(".")[0])
         if p.ndim == 3 and not isinstance(owner, nn.modules.conv._ConvNd):
             total += Fraction(p.numel() * k, n) if re.search(routed, f".{name}") else p.numel()
-        elif p.ndim == 2 and name.endswith("weight") and not isinstance(owner, nn.Embedding):
+        elif p.ndim == 2 and name.endswith("weight") and not isinstance(owner, nn.Embedding) and "Norm" not in type(owner).__name__:
             total += p.numel()
     return int(total)
 
