@@ -10,9 +10,10 @@ from pathlib import Path
 
 import sympy as sp
 
-from symparam.config import preset_name, read_config, read_preset, resolve
+from symparam.config import Source, read_config, resolve
 from symparam.errors import SymparamError
 from symparam.files import write_atomic
+from symparam.hub import REVISION, check_url, read_model
 from symparam.model import Model
 from symparam.recipes import REGISTRY, Recipe, load_recipe
 
@@ -20,7 +21,9 @@ from symparam.recipes import REGISTRY, Recipe, load_recipe
 def add_source(parser: argparse.ArgumentParser) -> None:
     """The ways to name a model: a preset, a config.json, a family, or a recipe file, plus --set."""
     group = parser.add_argument_group("model")
-    group.add_argument("--model", metavar="NAME", help="a built-in preset (see `symparam list`)")
+    group.add_argument("--model", metavar="NAME", help="a built-in preset or its Hub id (see `symparam list`), or any Hub id ORG/NAME: "
+                       "its config.json from the local Hugging Face cache, else from the Hub (pip install 'symparam[hub]')")
+    group.add_argument("--revision", metavar="REV", help="a branch, tag or commit of the --model Hub id (default main; the Hub's config, not the preset)")
     group.add_argument("--config", metavar="FILE", help="a Hugging Face config.json")
     group.add_argument("--arch", metavar="ARCH", help="a family, e.g. qwen3-moe; values from --set")
     group.add_argument("--recipe", metavar="FILE", help="a recipe TOML file describing a new architecture")
@@ -41,24 +44,30 @@ def parse_sets(items: list[str]) -> dict[str, int]:
     return values
 
 
-def source(args: argparse.Namespace) -> tuple[dict, Recipe | None, str]:
-    """The config the options name ({} for --arch or --recipe alone), the recipe they force, and a title."""
+Named = tuple[dict, Recipe | None, str, Source | None]  # what source() returns
+
+
+def source(args: argparse.Namespace) -> Named:
+    """The config the options name ({} for --arch or --recipe alone), the recipe they force, a title, and where the config came from."""
     if args.model and args.config:
         raise SymparamError("give only one of --model and --config")
+    if args.revision and not args.model:
+        raise SymparamError("--revision: names a revision of a Hub id; give --model ORG/NAME")
     recipe = load_recipe(args.recipe) if args.recipe else REGISTRY.family(args.arch) if args.arch else None
     if args.model:
-        return read_preset(args.model), recipe, preset_name(args.model) or args.model
+        raw, name, origin = read_model(args.model, args.revision)
+        return raw, recipe, name, origin
     if args.config:
-        return read_config(args.config), recipe, args.config
+        return read_config(args.config), recipe, args.config, Source("file", path=args.config)
     if recipe is None:
         raise SymparamError("name a model: --model NAME, --config FILE, --arch ARCH or --recipe FILE")
-    return {}, recipe, recipe.title
+    return {}, recipe, recipe.title, None
 
 
-def model_from(args: argparse.Namespace, named: tuple[dict, Recipe | None, str] | None = None) -> Model:
+def model_from(args: argparse.Namespace, named: Named | None = None) -> Model:
     """The Model that the source options name (or `named`, their source() already read), with its values."""
-    raw, recipe, name = named or source(args)
-    return Model.from_resolved(resolve(raw, recipe, parse_sets(args.sets), name))
+    raw, recipe, name, origin = named or source(args)
+    return Model.from_resolved(resolve(raw, recipe, parse_sets(args.sets), name, origin))
 
 
 def formula(expr: sp.Expr) -> str:
@@ -78,7 +87,8 @@ def cmd_count(args: argparse.Namespace) -> str:
     count = model.count()
     notes = [note(key, fields) for key, fields in model.notes]
     if args.json:
-        payload = {"name": model.name, "family": model.recipe.family, **model.scope, "notes": notes, **count.as_dict()}
+        origin = model.source.as_dict() if model.source else None
+        payload = {"name": model.name, "family": model.recipe.family, **model.scope, "source": origin, "notes": notes, **count.as_dict()}
         payload["formulas"] = {"total": str(model.total), "active": str(model.active), **{c: str(e) for c, e in model.components.items()}}
         return json.dumps(payload, indent=2)
     moe = count.active != count.total
@@ -166,21 +176,44 @@ def cmd_plot(args: argparse.Namespace) -> str:
 
 def config_and_recipe(args: argparse.Namespace) -> tuple[dict, Recipe]:
     """The config the source options name ({} for --arch or --recipe alone) and its recipe."""
-    raw, recipe, _ = source(args)
+    raw, recipe, _, _ = source(args)
     return raw, recipe or REGISTRY.for_model_type(raw.get("model_type"))
 
 
 def add_verify(p: argparse.ArgumentParser) -> None:
     add_source(p)
-    p.add_argument("--checkpoint", metavar="PATH", required=True, help="a .safetensors file, a directory of shards, or a model.safetensors.index.json")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--checkpoint", metavar="PATH", help="a .safetensors file, a directory of shards, or a model.safetensors.index.json")
+    where.add_argument("--remote", metavar="URL", nargs="?", const="", help="the published checkpoint of the --model Hub id, or the URL of a "
+                       ".safetensors file or index: only its headers are read, by HTTP Range requests (pip install 'symparam[hub]')")
     p.add_argument("--dtype", help="bytes per parameter when only an index is given (default: the config's torch_dtype, else bf16)")
 
 
-def cmd_verify(args: argparse.Namespace) -> tuple[str, int]:
-    from symparam import verify
+def remote_target(url: str, origin: Source | None, revision: str | None) -> tuple[str, str]:
+    """What `--remote [URL]` reads, and at which revision: the URL, else the model's Hub id at the commit its config came
+    from (so config and weights agree), else at --revision or main."""
+    if url:
+        return url, revision or REVISION
+    if origin is None or not origin.hub:
+        raise SymparamError("--remote: this model has no Hub id; give --remote URL of a .safetensors file or index, or --model ORG/NAME")
+    return origin.hub, origin.commit or revision or REVISION
 
+
+def cmd_verify(args: argparse.Namespace) -> tuple[str, int]:
+    from dataclasses import replace
+
+    from symparam import verify
+    from symparam.render import note
+
+    if args.remote:
+        check_url(args.remote)  # before the config is read, let alone fetched
     named = source(args)
-    report = verify.verify(model_from(args, named), args.checkpoint, args.dtype or verify.config_dtype(named[0]))
+    model = model_from(args, named)
+    if args.remote is None:
+        report = verify.verify(model, args.checkpoint, args.dtype or verify.config_dtype(named[0]))
+    else:
+        report = verify.verify_remote(model, *remote_target(args.remote, named[3], args.revision))
+    report = replace(report, notes=[note(key, fields) for key, fields in model.notes] + report.notes)
     out = json.dumps(report.as_dict(), indent=2) if args.json else verify.text(report)
     return out, 0 if report.match else 1
 

@@ -31,6 +31,35 @@ class Resolved:
     name: str  # preset name or file path, for titles
     notes: tuple[tuple[str, dict[str, str]], ...] = ()  # how the config was read: (catalog phrase, its fields), e.g. ("note_wrapper", {...})
     scope: dict[str, Any] = field(default_factory=dict)  # {"scope": "language model", "wrapper": "gemma3"} for wrappers
+    source: Source | None = None  # where the config came from
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a config came from: a catalog preset, a file, the local Hugging Face cache, or a download from the Hub."""
+
+    kind: str  # "catalog", "file", "cache" or "download"
+    preset: str = ""  # the catalog preset's name
+    hub: str = ""  # the Hub id, e.g. Qwen/Qwen3-8B
+    revision: str = ""  # the branch, tag or commit asked for
+    commit: str = ""  # the commit it resolved to
+    path: str = ""  # the config.json read
+    endpoint: str = ""  # the Hub it was downloaded from
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: v for k, v in vars(self).items() if v}
+
+    @property
+    def note(self) -> tuple[str, dict[str, str]] | None:
+        """The catalog phrase that says where the config came from (a file needs none: the title is its path)."""
+        if self.kind == "catalog":
+            return ("note_source_catalog", {"preset": self.preset, "hub": self.hub}) if self.hub else ("note_source_preset", {"preset": self.preset})
+        if self.kind == "cache":
+            return "note_source_cache", {"hub": self.hub, "revision": self.revision, "commit": self.commit, "path": self.path}
+        if self.kind == "download":
+            host = self.endpoint.split("://", 1)[-1]
+            return "note_source_download", {"hub": self.hub, "revision": self.revision, "commit": self.commit, "path": self.path, "host": host}
+        return None
 
 
 def presets() -> dict[str, Any]:
@@ -128,11 +157,12 @@ def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], 
     return raw, REGISTRY.for_model_type(model_type), (), {}
 
 
-def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int] | None = None, name: str = "") -> Resolved:
-    """Switches and exact symbol values for `raw` (a config dict), read against its family's recipe."""
+def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int] | None = None, name: str = "", source: Source | None = None) -> Resolved:
+    """Switches and exact symbol values for `raw` (a config dict), read against its family's recipe; `source` says where it came from."""
     if not isinstance(raw, dict):
         raise SymparamError(f"config: expected a JSON object, got {type(raw).__name__}")
     raw, recipe, notes, scope = unwrap(raw, recipe)
+    notes = ((source.note,) if source is not None and source.note else ()) + notes
     config = {**recipe.defaults, **raw}
     flags = recipe.switch_values(config)
     tree = recipe.build(flags)
@@ -150,7 +180,7 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
     _one_variant_per_layer(recipe, values)
     _checks(recipe, values.known)
     _whole_shapes(tree, values.known, as_subs(values.known))
-    return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope)
+    return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope, source)
 
 
 def _optional(recipe: Recipe, tree: Term) -> list[str]:
@@ -316,4 +346,4 @@ def as_subs(values: Mapping[str, int]) -> dict[sp.Symbol, sp.Integer]:
     return {make(name): sp.Integer(v) for name, v in values.items()}
 
 
-__all__ = ["Resolved", "Values", "presets", "read_preset", "read_config", "loads", "resolve", "as_subs"]
+__all__ = ["Resolved", "Source", "Values", "presets", "read_preset", "read_config", "loads", "resolve", "as_subs"]

@@ -13,7 +13,7 @@ import sympy as sp
 from dataclasses import replace
 
 from symparam.components import Term, breakdown, leaves, tensors
-from symparam.config import Resolved, as_subs, preset_name, read_config, read_preset, resolve
+from symparam.config import Resolved, Source, as_subs, preset_name, read_config, read_preset, resolve
 from symparam.errors import SymparamError
 from symparam.recipes import REGISTRY, Recipe
 from symparam.symbols import evaluate, latex, make
@@ -60,17 +60,18 @@ class Model:
     """One architecture (a recipe with its switches set) as SymPy expressions, optionally with values."""
 
     def __init__(self, recipe: Recipe, flags: Mapping[str, bool] | None = None, values: Mapping[str, int] | None = None, name: str = "",
-                 notes: tuple = (), scope: Mapping[str, Any] | None = None):
+                 notes: tuple = (), scope: Mapping[str, Any] | None = None, source: Source | None = None):
         self.recipe = recipe
         self.flags = {**recipe.default_switches(), **(flags or {})}
         self.values = dict(values) if values is not None else None
         self.name = name or recipe.title
         self.notes = tuple(notes)  # how the config was read: (catalog phrase, fields), e.g. the language model of a wrapper
         self.scope = dict(scope or {})  # {"scope": "language model", "wrapper": "gemma3"} for a multimodal config
+        self.source = source  # where the config came from: a catalog preset, a file, the Hugging Face cache or the Hub
 
     @classmethod
     def from_resolved(cls, r: Resolved) -> Model:
-        return cls(r.recipe, r.flags, r.values, r.name, r.notes, r.scope)
+        return cls(r.recipe, r.flags, r.values, r.name, r.notes, r.scope, r.source)
 
     @cached_property
     def tree(self) -> Term:
@@ -152,13 +153,19 @@ def family(name: str) -> Model:
 
 
 def load(source: str | Path | Mapping[str, Any], overrides: Mapping[str, int] | None = None, recipe: Recipe | None = None) -> Model:
-    """A model with values: from a preset (its name or Hub id), a config.json path, or a config dict."""
+    """A model with values: from a preset (its name or Hub id), a config.json path, a config dict, or a Hub id of no preset
+    (ORG/NAME, not a path here: read from the local Hugging Face cache, else the Hub, and its source noted)."""
+    origin = None
     if isinstance(source, Mapping):
         raw, name = dict(source), ""
     elif isinstance(source, str) and preset_name(source) is not None:
         raw, name = read_preset(source), preset_name(source)
     elif isinstance(source, str) and not source.endswith(".json") and "/" not in source:
         raw, name = read_preset(source), source
+    elif isinstance(source, str) and not source.endswith(".json") and not Path(source).exists():
+        from symparam.hub import read_model
+
+        raw, name, origin = read_model(source)
     else:
         raw, name = read_config(source), str(source)
-    return Model.from_resolved(resolve(raw, recipe, overrides, name))
+    return Model.from_resolved(resolve(raw, recipe, overrides, name, origin))

@@ -6,7 +6,7 @@ import json
 import re
 import struct
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,51 +118,79 @@ class Report:
 # --- reading ---------------------------------------------------------------------------------------------------
 
 
+# The most header bytes read from one safetensors file (local or remote), the limit the safetensors library itself sets:
+# a length past it is refused before anything is allocated or fetched.
+MAX_HEADER = 100_000_000
+
+
+def header_length(head: bytes, where: str, size: int | None) -> int:
+    """The header length a safetensors file's first 8 bytes state (little-endian), checked against the cap and the file size."""
+    if len(head) < 8:
+        raise SymparamError(f"{where}: not a safetensors file (shorter than 8 bytes)")
+    (length,) = struct.unpack("<Q", head[:8])
+    if length > MAX_HEADER:
+        raise SymparamError(f"{where}: not a safetensors file (its header claims {length:,} bytes; symparam reads at most {MAX_HEADER:,})")
+    if size is not None and length > size - 8:
+        raise SymparamError(f"{where}: truncated safetensors header (it claims {length:,} bytes, the file holds {size - 8:,} after the length)")
+    return length
+
+
+def parse_header(data: bytes, where: str) -> dict[str, Any]:
+    """The JSON object of a safetensors header."""
+    try:
+        header = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise SymparamError(f"{where}: not a safetensors file (header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise SymparamError(f"{where}: not a safetensors file (header is not a JSON object)")
+    return header
+
+
 def read_header(path: Path) -> dict[str, Any]:
     """The JSON header of one .safetensors file: 8-byte little-endian length, then that many bytes of JSON."""
     try:
         with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise SymparamError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (length,) = struct.unpack("<Q", head)
-            size = path.stat().st_size
-            if length > size - 8 or length > 100_000_000:
-                raise SymparamError(f"{path}: not a safetensors file (header length {length} for a file of {size} bytes)")
-            header = json.loads(f.read(length))
+            length = header_length(f.read(8), str(path), path.stat().st_size)
+            return parse_header(f.read(length), str(path))
     except FileNotFoundError:
         raise SymparamError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise SymparamError(f"{path}: not a safetensors file (header is not JSON)") from None
-    if not isinstance(header, dict):
-        raise SymparamError(f"{path}: not a safetensors file (header is not a JSON object)")
-    return header
 
 
-def tensors(path: Path) -> list[Stored]:
-    """Every tensor a .safetensors file stores, with dtype and shape."""
+def stored_tensors(header: dict[str, Any], where: str) -> list[Stored]:
+    """Every tensor a safetensors header lists, with dtype and shape."""
     out = []
-    for name, info in read_header(path).items():
+    for name, info in header.items():
         if name == "__metadata__":
             continue
         shape = info.get("shape") if isinstance(info, dict) else None
         if not isinstance(shape, list) or not all(type(x) is int and x >= 0 for x in shape) or not isinstance(info.get("dtype"), str):
-            raise SymparamError(f"{path}: tensor {name!r} has no valid dtype and shape in the header")
+            raise SymparamError(f"{where}: tensor {name!r} has no valid dtype and shape in the header")
         out.append(Stored(name, info["dtype"], tuple(shape)))
     return out
 
 
-def read_index(path: Path) -> dict[str, Any]:
-    """A model.safetensors.index.json: its metadata and weight_map."""
+def tensors(path: Path) -> list[Stored]:
+    """Every tensor a .safetensors file stores, with dtype and shape."""
+    return stored_tensors(read_header(path), str(path))
+
+
+def parse_index(data: bytes | str, where: str) -> dict[str, Any]:
+    """A model.safetensors.index.json's text as data: its metadata and weight_map."""
     try:
-        index = json.loads(path.read_text(encoding="utf-8"))
+        index = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SymparamError(f"{where}: not valid JSON ({e.__class__.__name__})") from None
+    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+        raise SymparamError(f"{where}: not a safetensors index (no weight_map)")
+    return index
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """A model.safetensors.index.json file: its metadata and weight_map."""
+    try:
+        return parse_index(path.read_bytes(), str(path))
     except FileNotFoundError:
         raise SymparamError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SymparamError(f"{path}: not valid JSON ({e.__class__.__name__})") from None
-    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
-        raise SymparamError(f"{path}: not a safetensors index (no weight_map)")
-    return index
 
 
 def locate(path: str | Path) -> tuple[list[Path], Path | None]:
@@ -484,15 +512,32 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(out)
 
 
-def verify(model: Model, path: str | Path, dtype: str = "bf16") -> Report:
-    """Compare `model` (with values) against the checkpoint at `path`; `dtype` is used only when just an index is there."""
+def configured(model: Model) -> Model:
     if model.values is None:
         raise SymparamError("verify needs a configured model: --model NAME or --config FILE")
+    return model
+
+
+def verify(model: Model, path: str | Path, dtype: str = "bf16") -> Report:
+    """Compare `model` (with values) against the checkpoint at `path`; `dtype` is used only when just an index is there."""
+    configured(model)
     shards, index = locate(path)
     if not shards:
         return compare_index(model, index, dtype)
     stored = [t for shard in shards for t in tensors(shard)]
     return compare(model, stored, str(path))
+
+
+def verify_remote(model: Model, target: str, revision: str) -> Report:
+    """Compare `model` against a published checkpoint (a Hub id or a URL), reading only its safetensors headers over HTTP."""
+    from symparam.hub import remote_checkpoint
+
+    configured(model)
+    checkpoint = remote_checkpoint(target, revision)
+    stored = [t for name, header in checkpoint.headers for t in stored_tensors(header, name)]
+    report = compare(model, stored, checkpoint.label)
+    read = f"read over HTTP: the headers of {len(checkpoint.headers)} safetensors file(s), {checkpoint.read:,} bytes, no tensor data"
+    return replace(report, notes=[*report.notes, read])
 
 
 def config_dtype(raw: dict[str, Any]) -> str:
@@ -518,4 +563,4 @@ def text(report: Report) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["verify", "compare", "compare_index", "Report", "read_header", "tensors", "expected_tensors", "normalise", "config_dtype", "text"]
+__all__ = ["verify", "verify_remote", "compare", "compare_index", "Report", "MAX_HEADER", "header_length", "parse_header", "parse_index", "read_header", "stored_tensors", "tensors", "expected_tensors", "normalise", "config_dtype", "text"]
