@@ -130,3 +130,34 @@ def test_an_unknown_model_type_with_a_known_class_reads_as_its_family(capsys, tm
     data = json.loads(out)
     assert code == 0 and data["family"] == "deepseek_v3" and data["total"] == 671_026_404_352  # DESIGN.md's DeepSeek-V3 figure
     assert data["notes"] == ["Read as deepseek_v3: model_type kimi_k2 is not one symparam knows, and architectures names DeepseekV3ForCausalLM."]
+
+
+def test_count_says_where_the_config_came_from(capsys, tmp_path):
+    code, out, _ = run(capsys, "count", "--model", "qwen3-8b", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["source"] == {"kind": "catalog", "preset": "qwen3-8b", "hub": "Qwen/Qwen3-8B"}
+    assert data["notes"] == ["Config: the catalog preset qwen3-8b, the published config.json of Qwen/Qwen3-8B."]
+    _, out, _ = run(capsys, "count", "--model", "Qwen/Qwen3-8B")  # the Hub id of a preset is the preset: no cache, no network
+    assert out.splitlines()[:2] == ["qwen3-8b (Qwen3)", "Config: the catalog preset qwen3-8b, the published config.json of Qwen/Qwen3-8B."]
+    _, out, _ = run(capsys, "count", "--model", "classic-512")
+    assert out.splitlines()[1] == "Config: the built-in preset classic-512."
+    path = tmp_path / "config.json"
+    path.write_text((Path(symparam.__file__).parent / "presets" / "qwen3-8b.json").read_text())
+    _, out, _ = run(capsys, "count", "--config", str(path), "--json")
+    assert json.loads(out)["source"] == {"kind": "file", "path": str(path)} and json.loads(out)["notes"] == []  # the title is the path
+    _, out, _ = run(capsys, "count", "--arch", "qwen3", "--set", "N=36", "V=151936", "d=4096", "d_ff=12288", "h=32", "h_kv=8", "h_d=128", "--json")
+    assert json.loads(out)["source"] is None
+    _, out, _ = run(capsys, "derive", "--model", "qwen3-8b", "--markdown", "--lang", "zh")
+    assert "配置：目录中的预设 qwen3-8b，即 Qwen/Qwen3-8B 发布的 config.json。" in out
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["count", "--config", "c.json", "--revision", "v1"], "--revision: names a revision of a Hub id; give --model ORG/NAME"),
+    (["count", "--model", "classic-512", "--revision", "main"], "--revision: the preset classic-512 is not on the Hub"),
+    (["count", "--model", "qwen3-8"], "unknown preset 'qwen3-8'; `symparam list` shows the"),
+    (["count", "--model", "Qwen/Qwen3 8B"], "'Qwen/Qwen3 8B' is not a Hub id"),
+    (["verify", "--model", "qwen3-8b", "--remote", "model.safetensors"], "--remote: 'model.safetensors' is not an http(s) URL"),
+])
+def test_hub_options_refuse_bad_input_offline(capsys, argv, says):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and says in err

@@ -233,3 +233,14 @@ def test_a_new_family_is_one_recipe(tmp_path):
     report = verify(load(config, recipe=load_recipe(tmp_path / "blocks.toml")), renamed)
     assert report.match, report.mismatches
     assert not verify(load(config), renamed).match
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ((10**12).to_bytes(8, "little") + b"{}", "its header claims 1,000,000,000,000 bytes; symparam reads at most 100,000,000"),
+    ((5000).to_bytes(8, "little") + b"{}", "truncated safetensors header (it claims 5,000 bytes, the file holds 2 after the length)"),
+])
+def test_a_header_length_past_the_cap_or_the_file_is_refused_before_reading(tmp_path, capsys, content, says):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(content)
+    code, out = run(capsys, "verify", "--model", "qwen3-8b", "--checkpoint", str(path))
+    assert code == 2 and says in out and out.count("\n") == 1
