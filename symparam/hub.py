@@ -207,6 +207,8 @@ class Reader:
                     if len(data) >= skip + stop - start:
                         break
                 self.commit = self.commit or next((h.headers["X-Repo-Commit"] for h in [*r.history, r] if "X-Repo-Commit" in h.headers), "")
+        except httpx2.ConnectError as e:
+            raise SymparamError(f"{what}: cannot reach {host(url)} ({line(e)})") from None
         except httpx2.TransportError as e:
             raise SymparamError(f"{what}: the connection failed after {len(data):,} bytes ({line(e)})") from None
         return bytes(data[skip:skip + stop - start]), size

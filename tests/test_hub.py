@@ -425,6 +425,7 @@ def test_progress_on_a_terminal_for_many_shards(hf):
     (["verify", "--model", "broken/huge", "--remote"], {}, "its header claims 1,000,000,000,000 bytes; symparam reads at most 100,000,000"),
     (["verify", "--model", "broken/missing-shard", "--remote"], {}, "(named in model.safetensors.index.json): not found (HTTP 404)"),
     (["verify", "--model", "broken/no-weights", "--remote"], {}, "neither model.safetensors nor model.safetensors.index.json"),
+    (["verify", "--model", "tiny/llama", "--remote", "http://127.0.0.1:1/model.safetensors"], {}, "cannot reach 127.0.0.1:1"),
     (["verify", "--model", "classic-512", "--remote"], {}, "--remote: this model has no Hub id"),
     (["verify", "--model", "qwen3-8b", "--remote"], {"HF_HUB_OFFLINE": "1"}, "verify --remote: HF_HUB_OFFLINE is set"),
     (["verify", "--model", "tiny/llama", "--remote", "ftp://x/y.json"], {}, "--remote: 'ftp://x/y.json' is not an http(s) URL"),
