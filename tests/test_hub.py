@@ -353,10 +353,16 @@ def test_download_of_a_revision_and_its_note(hf):
     assert hf.paths()[0] == "HEAD /tiny/llama/resolve/v1/config.json"
 
 
-def test_hf_token_opens_a_gated_model(hf):
+def test_hf_token_opens_a_gated_model_and_goes_to_the_hub_only(hf):
     code, out, _ = hf.run("count", "--model", "gated/llama", "--json", HF_TOKEN=TOKEN)
     assert code == 0 and json.loads(out)["total"] == hf.server.counts["llama"]
+    code, out, _ = hf.run("verify", "--model", "gated/llama", "--remote", HF_TOKEN=TOKEN)
+    assert code == 0 and out.splitlines()[-1] == "match"
     assert {r.authorization for r in hf.server.log} == {f"Bearer {TOKEN}"}
+    hf.server.log.clear()
+    elsewhere = hf.server.url.replace("127.0.0.1", "localhost") + "/tiny/llama/resolve/main/model.safetensors"  # another host name
+    code, out, _ = hf.run("verify", "--model", "gated/llama", "--remote", elsewhere, HF_TOKEN=TOKEN)
+    assert code == 0 and len(hf.server.log) == 4 and all(r.authorization is None for r in hf.server.log)  # config cached; 2 x (302, CDN)
 
 
 # --- verify --remote -------------------------------------------------------------------------------------------
