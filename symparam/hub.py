@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import SplitResult, quote, urljoin, urlsplit
 
 from symparam.config import Source, catalog, preset_name, presets, read_config, read_preset
 from symparam.errors import SymparamError
@@ -53,7 +53,20 @@ def offline() -> bool:
 
 
 def endpoint() -> str:
-    return (os.environ.get("HF_ENDPOINT") or ENDPOINT).rstrip("/")
+    """The Hub to ask: HF_ENDPOINT (a mirror, or a test server), else huggingface.co."""
+    url = (os.environ.get("HF_ENDPOINT") or ENDPOINT).rstrip("/")
+    if web(url) is None:
+        raise SymparamError(f"HF_ENDPOINT: {url!r} is not an http(s) URL")
+    return url
+
+
+def web(url: str) -> SplitResult | None:
+    """An http(s) URL with a host, split; None for anything else (a bad port or IPv6 address included)."""
+    try:
+        parts = urlsplit(url)
+        return parts if parts.scheme in ("http", "https") and parts.hostname and parts.port != 0 else None
+    except ValueError:
+        return None
 
 
 def host(url: str) -> str:
@@ -109,17 +122,21 @@ def read_model(name: str, revision: str | None = None) -> tuple[dict[str, Any], 
 
 def download(repo: str, revision: str) -> Path:
     """config.json of `repo` at `revision`, and only that file, fetched into the cache by huggingface_hub."""
-    hf = library(f"{repo}: not in the Hugging Face cache {cache_dir()} at revision {revision}; to download its config.json")
     what = f"{repo} config.json (revision {revision}, {host(endpoint())})"
+    hf = library(f"{repo}: not in the Hugging Face cache {cache_dir()} at revision {revision}; to download its config.json")
+    import httpx2  # huggingface_hub's HTTP client
+
     with quiet():
         try:
             return Path(hf.hf_hub_download(repo, "config.json", revision=revision, cache_dir=cache_dir(), endpoint=endpoint()))
-        except OSError as e:  # huggingface_hub's HTTP and cache errors are OSErrors
+        except (OSError, httpx2.HTTPError) as e:  # huggingface_hub's HTTP and cache errors, and a connection cut mid-file
             response = getattr(e, "response", None)
-            if response is not None:
+            if isinstance(e, hf.errors.HfHubHTTPError) and response is not None:
                 raise SymparamError(refusal(response.status_code, response.headers.get("X-Error-Code"), what, revision)) from None
             if isinstance(e, hf.errors.LocalEntryNotFoundError):
                 raise SymparamError(f"{what}: cannot reach {host(endpoint())} ({line(e.__cause__ or e)})") from None
+            if isinstance(e, httpx2.TransportError):
+                raise SymparamError(f"{what}: the connection failed ({line(e)})") from None
             raise SymparamError(f"{what}: {e.__class__.__name__}: {line(e)}") from None
 
 
@@ -304,8 +321,9 @@ def shard_names(index: dict[str, Any], what: str) -> list[str]:
 
 def check_url(url: str) -> str:
     """The file name of an http(s) URL of a .safetensors file or a safetensors index (.json), else a one-line error."""
-    name = urlsplit(url).path.rsplit("/", 1)[-1]
-    if not url.startswith(("http://", "https://")) or not name.endswith((".safetensors", ".json")):
+    parts = web(url)
+    name = parts.path.rsplit("/", 1)[-1] if parts else ""
+    if not name.endswith((".safetensors", ".json")):
         raise SymparamError(f"--remote: {url!r} is not an http(s) URL of a .safetensors file or a safetensors index (.json)")
     return name
 

@@ -157,7 +157,14 @@ def test_count_says_where_the_config_came_from(capsys, tmp_path):
     (["count", "--model", "qwen3-8"], "unknown preset 'qwen3-8'; `symparam list` shows the"),
     (["count", "--model", "Qwen/Qwen3 8B"], "'Qwen/Qwen3 8B' is not a Hub id"),
     (["verify", "--model", "qwen3-8b", "--remote", "model.safetensors"], "--remote: 'model.safetensors' is not an http(s) URL"),
+    (["verify", "--model", "qwen3-8b", "--remote", "http://[::1/x.json"], "--remote: 'http://[::1/x.json' is not an http(s) URL"),
+    (["verify", "--model", "qwen3-8b", "--remote", "https:///x.json"], "--remote: 'https:///x.json' is not an http(s) URL"),
+    (["count", "--model", "nobody/nothing"], "HF_ENDPOINT: 'huggingface.co' is not an http(s) URL"),
 ])
-def test_hub_options_refuse_bad_input_offline(capsys, argv, says):
+def test_hub_options_refuse_bad_input_offline(capsys, monkeypatch, tmp_path, argv, says):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_ENDPOINT", "huggingface.co")  # no scheme: refused before any import or request
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(key, raising=False)
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == "" and err.count("\n") == 1 and says in err

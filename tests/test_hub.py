@@ -131,7 +131,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.error(404, "EntryNotFound", f"{name} does not exist on {revision!r}", commit)
         if not name.endswith(".safetensors"):
             blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-            return self.send(data, body, {"ETag": f'"{blob}"', "X-Repo-Commit": commit})
+            return self.send(data, body, {"ETag": f'"{blob}"', "X-Repo-Commit": commit}, name in repo.drop)
         sha = hashlib.sha256(data).hexdigest()
         self.server.blobs[sha] = (data, name in repo.drop)
         self.status(302, {"Location": f"{self.server.url}/cdn/{sha}", "X-Repo-Commit": commit, "X-Linked-Etag": f'"{sha}"',
@@ -199,6 +199,7 @@ def start(root: Path) -> Hub:
         "broken/missing-shard": Repo({MAIN: {k: v for k, v in sharded.items() if k != last_shard}}),
         "broken/no-weights": Repo({MAIN: broken}),
         "broken/no-config": Repo({MAIN: {"model.safetensors": llama["model.safetensors"]}}),
+        "broken/config-drop": Repo({MAIN: llama}, drop={"config.json"}),
     }
     server.counts, server.root = counts, root
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -453,6 +454,15 @@ def test_a_repo_without_config_json_leaves_only_huggingface_hubs_record_of_that(
     folder = hf.cache / "models--broken--no-config"
     assert hf.written() == sorted([str(folder / ".no_exist" / MAIN / "config.json"), str(folder / "refs" / "main")])
     assert (folder / ".no_exist" / MAIN / "config.json").stat().st_size == 0 and not (folder / "blobs").exists()
+
+
+def test_a_config_cut_off_mid_download_is_not_cached(hf):
+    err = one_error(*hf.run("count", "--model", "broken/config-drop"))
+    assert "config.json (revision main" in err and "the connection failed (peer closed connection" in err
+    folder = hf.cache / "models--broken--config-drop"
+    assert [p for p in hf.written() if "/blobs/" in p or "/snapshots/" in p or "incomplete" in p] == []  # no blob, no part of one
+    assert (folder / "refs" / "main").read_text() == MAIN  # huggingface_hub's note of what main is, from the answer to HEAD
+    assert "broken/config-drop: not in the Hugging Face cache" in one_error(*hf.run("count", "--model", "broken/config-drop", HF_HUB_OFFLINE="1"))
 
 
 def test_unknown_id_offline_says_how_to_get_it(hf):
