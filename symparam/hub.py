@@ -313,6 +313,8 @@ def hub_url(repo: str, revision: str, filename: str) -> str:
 def shard_names(index: dict[str, Any], what: str) -> list[str]:
     """The files an index's weight_map names: relative .safetensors names only (no URL, no '..')."""
     names = sorted({str(v) for v in index["weight_map"].values()})
+    if not names:
+        raise SymparamError(f"{what}: weight_map names no file")
     for name in names:
         if not SHARD.fullmatch(name) or ".." in name:
             raise SymparamError(f"{what}: weight_map names {name!r}, not a .safetensors file beside the index")

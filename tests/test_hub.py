@@ -490,3 +490,10 @@ def test_check_id():
     for bad in ["a/b/c", "Qwen/Qwen3 8B", "a--b/c", "a/b..c", "-a/b", "a/b-", "/b", "a/", "a/" + "x" * 97]:
         with pytest.raises(SymparamError):
             hub.check_id(bad)
+
+
+@pytest.mark.parametrize("weight_map", [{}, {"w": "../x.safetensors"}, {"w": "http://elsewhere/x.safetensors"}, {"w": "/x.safetensors"}, {"w": "x.bin"}])
+def test_an_index_names_only_files_beside_it(weight_map):
+    with pytest.raises(SymparamError, match="weight_map names"):
+        hub.shard_names({"weight_map": weight_map}, "index.json")
+    assert hub.shard_names({"weight_map": {"a": "s-2.safetensors", "b": "s-1.safetensors", "c": "s-1.safetensors"}}, "i") == ["s-1.safetensors", "s-2.safetensors"]
