@@ -71,8 +71,9 @@ def hf_config(config: dict[str, Any]):
     return AutoConfig.for_model(config["model_type"], **fields)
 
 
-MODEL_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText")  # a multimodal wrapper may be only the second
-LANGUAGE_MODEL = re.compile(r"^model\.language_model\.")  # where a multimodal wrapper keeps its language model
+MODEL_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText")  # a text model's classes, the first that builds
+WRAPPER_CLASSES = MODEL_CLASSES[::-1]  # a multimodal config: the whole model first (it ties its head by the wrapper's flag)
+LANGUAGE_MODEL = re.compile(r"^(model\.language_model\.|language_model\.model\.|language_model\.(?=lm_head\.))")  # a wrapper's language model
 
 
 def hf_model(config: dict[str, Any], device: str = "meta") -> nn.Module:
@@ -80,12 +81,13 @@ def hf_model(config: dict[str, Any], device: str = "meta") -> nn.Module:
     import transformers
 
     cfg = hf_config(config)
-    for cls in MODEL_CLASSES:
+    classes = WRAPPER_CLASSES if "text_config" in config else MODEL_CLASSES
+    for cls in classes:
         try:
             with torch.device(device):
                 return getattr(transformers, cls).from_config(cfg)
-        except ValueError as e:  # "Unrecognized configuration class": try the next auto class
-            if "Unrecognized configuration class" not in str(e) or cls == MODEL_CLASSES[-1]:
+        except Exception as e:  # not this auto class's config, or a whole model that needs more (Emu3's vocabulary map)
+            if cls == classes[-1] or not (isinstance(e, ValueError) and "Unrecognized configuration class" in str(e) or classes is WRAPPER_CLASSES):
                 raise
     raise AssertionError("unreachable")
 
@@ -101,7 +103,8 @@ def language_tensors(found: dict[str, int]) -> dict[str, int]:
     towers and their projectors left out); a text model's tensors as they are."""
     if not any(LANGUAGE_MODEL.match(name) for name in found):
         return found
-    return {LANGUAGE_MODEL.sub("model.", name): n for name, n in found.items() if LANGUAGE_MODEL.match(name) or name.startswith("lm_head.")}
+    rename = lambda name: "" if name.startswith("language_model.lm_head.") else "model."  # noqa: E731
+    return {LANGUAGE_MODEL.sub(rename(name), name): n for name, n in found.items() if LANGUAGE_MODEL.match(name) or name.startswith("lm_head.")}
 
 
 def routing(cfg: Any, experts_key: str | None = None, per_token_key: str | None = None) -> tuple[int, int | None]:
