@@ -166,7 +166,7 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
     config = {**recipe.defaults, **raw}
     flags = recipe.switch_values(config)
     tree = recipe.build(flags)
-    needed = {str(s) for s in tree.expr.free_symbols | tree.active.free_symbols}
+    needed = {str(s) for s in tree_symbols(tree)}
     overrides = dict(overrides or {})
     for symbol in overrides:
         if symbol not in recipe.symbols:
@@ -181,6 +181,18 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
     _checks(recipe, values.known)
     _whole_shapes(tree, values.known, as_subs(values.known))
     return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope, source)
+
+
+def tree_symbols(tree: Term) -> set[sp.Symbol]:
+    """Every symbol a tree's shapes and copies use, tied tensors and buffers included (Zamba's reuse count is only in
+    tied copies; a layer count whose kinds cancel in the total still sizes its tensors)."""
+    from symparam.components import walk
+
+    found: set[sp.Symbol] = set()
+    for node, *_ in walk(tree):
+        for e in (*node.shape, node.times, node.active_times):
+            found |= sp.sympify(e).free_symbols
+    return found
 
 
 def _optional(recipe: Recipe, tree: Term) -> list[str]:

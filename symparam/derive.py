@@ -520,7 +520,7 @@ def estimate(model: Model, subs: Mapping[sp.Symbol, int] | None, exact_total: in
     for key, broken in ESTIMATE_CHECKS:
         amount = exact(minor_terms(model), subs, f"{model.name}: minor terms") if key == "minor_terms" else None
         checks.append(EstimateCheck(key, broken(model) if subs is not None else None, amount))
-    if subs is None or "d_ff" not in (model.values or {}):
+    if subs is None or any(name not in (model.values or {}) for name in ("N", "V", "d", "d_ff")):  # HRM has no N, xLSTM no d_ff
         return Estimate(ESTIMATE, None, None, exact_total, tuple(checks))
     subs = {**subs, d_ff: model.values["d_ff"]}  # the config's d_ff, even where no dense layer is built (M of the estimate)
     multiplier = Fraction(subs[d_ff], subs[d])

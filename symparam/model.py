@@ -13,7 +13,7 @@ import sympy as sp
 from dataclasses import replace
 
 from symparam.components import Term, breakdown, leaves, tensors
-from symparam.config import Resolved, Source, as_subs, preset_name, read_config, read_preset, resolve
+from symparam.config import Resolved, Source, as_subs, preset_name, read_config, read_preset, resolve, tree_symbols
 from symparam.errors import SymparamError
 from symparam.recipes import REGISTRY, Recipe
 from symparam.symbols import evaluate, latex, make
@@ -112,7 +112,7 @@ class Model:
     @property
     def symbols(self) -> list[sp.Symbol]:
         """The symbols the total depends on, in vocabulary order."""
-        free = self.total.free_symbols | self.active.free_symbols
+        free = self.total.free_symbols | self.active.free_symbols | tree_symbols(self.tree)
         return [make(name) for name in self.recipe.symbols if make(name) in free]
 
     def substitution(self, values: Mapping[Any, int] | None = None) -> dict[sp.Symbol, int]:

@@ -47,7 +47,7 @@ def trace(model: Model) -> list[Step]:
         attend = node.fact("attend")
         if attend is not None and "heads" in attend:
             steps.append(Step(f"{path} scores", (sp.sympify(attend["heads"]), S, S), "softmax(q k^T / sqrt(head dim)) per query head, causal mask", repeat))
-        if not node.is_leaf or node.buffer or len(node.shape) != 2:
+        if not node.is_leaf or node.buffer or not node.matmul or len(node.shape) != 2:
             continue
         module = path.rsplit(".", 1)[0] if node.key == "weight" else path
         if node.lookup:

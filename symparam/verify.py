@@ -73,25 +73,35 @@ class Stored:
 @dataclass
 class Expected:
     """One tensor name of the model (indices left out): its bucket, and its shape and copies (layers x experts) in each
-    layer kind that has it (Gemma 4's FFN is wider in some layers than in others)."""
+    layer kind that has it (Gemma 4's FFN is wider in some layers than in others; Zamba's shared block is stored in one
+    layer kind and tied in the others)."""
 
     name: str
     bucket: str
-    kinds: list[tuple[tuple[sp.Expr, ...], sp.Expr]]  # (shape, copies) per layer kind
-    tied: bool
+    kinds: list[tuple[tuple[sp.Expr, ...], sp.Expr, bool]]  # (shape, copies, tied) per layer kind
+
+    @property
+    def stored(self) -> list[tuple[tuple[sp.Expr, ...], sp.Expr]]:
+        """(shape, copies) of the kinds that store the tensor (a tied copy is stored elsewhere)."""
+        return [(shape, copies) for shape, copies, tied in self.kinds if not tied]
+
+    @property
+    def tied(self) -> bool:
+        return not self.stored
 
     @property
     def expr(self) -> sp.Expr:
-        return sp.Integer(0) if self.tied else sp.expand(sp.Add(*(copies * sp.Mul(*shape) for shape, copies in self.kinds)))
+        return sp.expand(sp.Add(*(copies * sp.Mul(*shape) for shape, copies in self.stored)))
 
     @property
     def shape(self) -> tuple[sp.Expr, ...] | None:
-        """The one shape of every copy, or None where layer kinds differ."""
-        return self.kinds[0][0] if all(shape == self.kinds[0][0] for shape, _ in self.kinds) else None
+        """The one shape of every stored copy, or None where layer kinds differ."""
+        shapes = {shape for shape, _ in self.stored}
+        return shapes.pop() if len(shapes) == 1 else None
 
     @property
     def copies(self) -> sp.Expr:
-        return sp.expand(sp.Add(*(copies for _, copies in self.kinds)))
+        return sp.expand(sp.Add(*(copies for _, copies in self.stored)))
 
 
 @dataclass(frozen=True)
@@ -230,7 +240,7 @@ def expected_tensors(tree: Term) -> dict[str, Expected]:
         if leaf.buffer:
             continue
         name = strip(path)
-        found.setdefault(name, Expected(name, bucket or "", [], leaf.tied)).kinds.append((leaf.shape, copies))
+        found.setdefault(name, Expected(name, bucket or "", [])).kinds.append((leaf.shape, copies, leaf.tied))
     return found
 
 
@@ -423,10 +433,11 @@ def compare(model: Model, stored: list[Stored], source: str) -> Report:
     renames, rules = name_tables(model)
     layers = values.get("N")
     model_tensors = expected_tensors(model.tree)
-    skipped, params, seen_layers = [], [], set()
+    kept = {strip(path): f"{leaf.note or leaf.label} (a buffer, not a parameter)" for leaf, _, _, path in leaves(model.tree) if leaf.buffer}
+    skipped, params, seen_layers = [], [], set()  # a buffer is known by its stored name, or by the name a rename gives it
     for t in stored:
         layer, names = normalise(t.name, renames)
-        why = not_parameter(t.name, layer, rules, layers)
+        why = not_parameter(t.name, layer, rules, layers) or next((kept[n] for n in names if n in kept), None)
         if why:
             skipped.append({"tensor": t.name, "shape": str(list(t.shape)), "dtype": t.dtype, "reason": why})
             continue

@@ -11,6 +11,7 @@ A family may add hints in tests/families/<family>.toml, each optional:
     [features]  cache = "why"        # test_features: symparam's cache differs from transformers' by definition
                 matmul = "why"       # ... and its matmul weights per token (a weight applied once per head, ...)
     [assume]    "rule" = "why"       # random configs must satisfy these rules over the config (relations transformers does not check)
+    [symbolic]  idle = "formula"     # parameters no token ever uses (what active leaves out even when k = n)
     [oracle]    routed = "regex"     # which tensors are routed experts (default \.experts\.); experts / per_token: n and k keys
     [wrappers.<type>] key = value    # merged over a multimodal wrapper's library default (dotted keys: "text_config.x")
     [text_oracle] <wrapper> = "why"  # the wrapper does not build here (its vision tower needs a library the tests lack):

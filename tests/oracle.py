@@ -7,7 +7,7 @@ import json
 import logging
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -37,6 +37,7 @@ class Oracle:
     experts: int  # n, routed experts per MoE layer (0 for a dense model)
     per_token: int | None  # k, experts each token visits
     routed: str = ROUTED  # which tensors are routed experts, a regex on ".name"
+    stacks: dict[str, int] = field(default_factory=dict)  # experts stacked in a routed 3-D tensor (LongCat stacks n + zero)
 
     @property
     def total(self) -> int:
@@ -45,8 +46,10 @@ class Oracle:
     @property
     def active_tensors(self) -> dict[str, Fraction]:
         """Per tensor, what one token uses: k/n of each routed-expert tensor, all of every other."""
-        share = Fraction(self.per_token or 0, self.experts) if self.experts else Fraction(1)
-        return {name: n * share if re.search(self.routed, f".{name}") else Fraction(n) for name, n in self.tensors.items()}
+        def share(name: str) -> Fraction:  # k of the experts the tensor stacks: k/n, or k/E of a stack of E
+            return Fraction(self.per_token or 0, self.stacks.get(name, self.experts)) if self.experts else Fraction(1)
+
+        return {name: n * share(name) if re.search(self.routed, f".{name}") else Fraction(n) for name, n in self.tensors.items()}
 
     @property
     def active(self) -> int:
@@ -76,12 +79,13 @@ WRAPPER_CLASSES = MODEL_CLASSES[::-1]  # a multimodal config: the whole model fi
 LANGUAGE_MODEL = re.compile(r"^(model\.language_model\.|language_model\.model\.|language_model\.(?=lm_head\.))")  # a wrapper's language model
 
 
-def hf_model(config: dict[str, Any], device: str = "meta") -> nn.Module:
-    """The transformers causal LM of `config` (a config.json dict with model_type), on the meta device by default."""
+def hf_model(config: dict[str, Any], device: str = "meta", whole: bool | None = None) -> nn.Module:
+    """The transformers model of `config` (a config.json dict with model_type), on the meta device by default: its
+    causal LM, or for a multimodal config (whole, by default where it has a text_config) the whole model first."""
     import transformers
 
     cfg = hf_config(config)
-    classes = WRAPPER_CLASSES if "text_config" in config else MODEL_CLASSES
+    classes = WRAPPER_CLASSES if ("text_config" in config if whole is None else whole) else MODEL_CLASSES
     for cls in classes:
         try:
             with torch.device(device):
@@ -93,9 +97,9 @@ def hf_model(config: dict[str, Any], device: str = "meta") -> nn.Module:
 
 
 @functools.cache
-def meta_model(config_json: str) -> nn.Module:
+def meta_model(config_json: str, whole: bool | None = None) -> nn.Module:
     """One meta build per config (as sorted JSON), shared by every test that needs it."""
-    return hf_model(json.loads(config_json))
+    return hf_model(json.loads(config_json), whole=whole)
 
 
 def language_tensors(found: dict[str, int]) -> dict[str, int]:
@@ -127,7 +131,8 @@ def hf_oracle(config: dict[str, Any], routed: str = ROUTED, experts: str | None 
     model = meta_model(json.dumps(config, sort_keys=True))
     found = language_tensors(tensors(model))
     n, k = routing(model.config, experts, per_token) if any(re.search(routed, f".{name}") for name in found) else (0, None)
-    return Oracle(found, n, k, routed)
+    stacks = {normal(name): p.shape[0] for name, p in model.named_parameters() if p.ndim == 3 and re.search(routed, f".{name}")}
+    return Oracle(found, n, k, routed, language_tensors(stacks))
 
 
 class Classic(nn.Module):

@@ -33,20 +33,21 @@ SEQ = 5  # tokens of the forward pass: fewer than any tiny config's window
 
 
 @functools.cache
-def run(family: str) -> tuple[Any, dict[str, tuple[int, int]], Any]:
-    """The tiny random model of a family, the (rows, width) each Linear/Embedding/Conv1D put out at its first instance
-    in a forward pass of SEQ tokens, and the cache that pass left."""
+def run(family: str) -> tuple[Any, dict[str, set[int]], Any]:
+    """The tiny random model of a family, the sizes (elements) each Linear/Embedding/Conv1D put out, over all its
+    instances (layers of several kinds, ffn.0 and ffn.2 under one name), in a forward pass of SEQ tokens, and the
+    cache that pass left."""
     import torch
 
     config = tiny_config(family)
     torch.manual_seed(0)
-    model = hf_model(config, device="cpu").eval()
-    seen: dict[str, tuple[int, int]] = {}
+    model = hf_model(config, device="cpu", whole=False).eval()  # the causal LM: text in, logits out
+    seen: dict[str, set[int]] = {}
 
     def hook(name: str):
         def record(module, inputs, output):
             t = output[0] if isinstance(output, tuple) else output
-            seen.setdefault(name, (math.prod(t.shape[:-1]), t.shape[-1]))
+            seen.setdefault(name, set()).add(t.numel())  # a batch of one: elements, whatever the layout ([S, g, r] or [S, g*r])
         return record
 
     for name, module in model.named_modules():
@@ -54,7 +55,8 @@ def run(family: str) -> tuple[Any, dict[str, tuple[int, int]], Any]:
             module.register_forward_hook(hook(normal(name)))
     with torch.no_grad():
         out = model(torch.arange(SEQ)[None] % 7, use_cache=True)
-    return model, seen, getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
+    cache = next((getattr(out, key) for key in ("past_key_values", "cache_params", "state") if getattr(out, key, None) is not None), None)
+    return model, seen, cache
 
 
 def weigh(obj: Any, seen: set[int] | None = None) -> int:
@@ -81,6 +83,7 @@ def weigh(obj: Any, seen: set[int] | None = None) -> int:
 def test_every_command_runs_on_the_tiny_config(family, tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(tiny_config(family)))
+    capsys.readouterr()  # what building the config printed (transformers' warnings) is not symparam's output
     commands = [["count"], ["derive", "--markdown"], ["derive", "--latex", "--lang", "zh"], ["derive", "--brief", "--markdown", "--lang", "zh"],
                 ["memory", "--seq", "5"], ["flops", "--seq", "5"], ["shapes", "--seq", "5"]]
     for command in commands:
@@ -102,11 +105,12 @@ def test_verify_matches_a_saved_checkpoint(family, tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_shapes_match_a_real_forward_pass(family):
     _, seen, _ = run(family)
-    ours = {s["name"]: s for s in shapes(load(tiny_config(family)), SEQ)}
+    ours: dict[str, set[int]] = {}
+    for step in shapes(load(tiny_config(family)), SEQ):
+        ours.setdefault(step["name"], set()).add(math.prod(step["shape"]))
     checked = [name for name in ours if name in seen]
-    for name in checked:
-        mine = ours[name]["shape"]
-        assert (math.prod(mine[:-1]), mine[-1]) == seen[name], (name, mine, seen[name])
+    for name in checked:  # every size traced occurs (a module may also run on other inputs: Zaya's delayed values)
+        assert ours[name] <= seen[name], (name, ours[name], seen[name])
     assert len(checked) >= 3, (sorted(seen), sorted(ours))
 
 
@@ -125,14 +129,15 @@ def test_memory_matches_the_real_cache(family):
 
 def hf_matmul_parameters(model: Any, routed: str = ROUTED, experts: str | None = None, per_token: str | None = None) -> int:
     """Weights one token multiplies by in a transformers model: 2-D weights outside embedding tables and norms (a tied
-    LM head included), stacked 3-D expert tensors (k/n of the routed ones), not convolution kernels."""
+    LM head included), stacked 3-D expert tensors (k/n of the routed ones); not convolution kernels, and no other 3-D
+    tensor (RWKV's time-mix vectors, Reformer's axial position tables)."""
     from torch import nn
 
     n, k = routing(model.config, experts, per_token)
     total = Fraction(0)
     for name, p in model.named_parameters(remove_duplicate=False):
         owner = model.get_submodule(name.rpartition(".")[0])
-        if p.ndim == 3 and not isinstance(owner, nn.modules.conv._ConvNd):
+        if p.ndim == 3 and (re.search(routed, f".{name}") or "experts" in name) and not isinstance(owner, nn.modules.conv._ConvNd):
             total += Fraction(p.numel() * k, n) if re.search(routed, f".{name}") else p.numel()
         elif p.ndim == 2 and name.endswith("weight") and not isinstance(owner, nn.Embedding) and "Norm" not in type(owner).__name__:
             total += p.numel()
@@ -142,7 +147,7 @@ def hf_matmul_parameters(model: Any, routed: str = ROUTED, experts: str | None =
 @pytest.mark.parametrize("family", FAMILIES)
 def test_matmul_parameters_match_the_implementation(family):
     config = default_config(family)
-    theirs = hf_matmul_parameters(meta_model(json.dumps(config, sort_keys=True)), **hints(family).get("oracle", {}))
+    theirs = hf_matmul_parameters(meta_model(json.dumps(config, sort_keys=True), whole=False), **hints(family).get("oracle", {}))
     ours = flops(load(config), seq=8)["matmul_parameters"]
     differs = hints(family).get("features", {}).get("matmul")
     if differs:  # a difference of definition, documented in the family's hints

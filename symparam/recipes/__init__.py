@@ -212,7 +212,7 @@ class _Builder:
                           tied=self.on(e.tied, env) if e.tied else False, buffer=e.buffer, lookup=e.lookup, matmul=e.matmul)
         block = self.recipe.blocks[e.block]
         args = self.bind(block, e, env)
-        words = {"label": e.label, "note": e.note, "component": e.component}
+        words = {"label": e.label and self.words(e.label, env), "note": e.note and self.words(e.note, env), "component": e.component}  # $note of this level, then passed down
         if e.layers:
             return self.stack(e, args, words)
         term = self.block(e.block, e.key, args, words, hoist, count, f"{path}.{e.key}" if path else e.key)
