@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from symparam.symbols import S
+
 ZERO = sp.Integer(0)
 ONE = sp.Integer(1)
 
@@ -28,6 +30,7 @@ class Term:
     lookup: bool = False  # a table read by index, not multiplied (embeddings): no FLOPs, not "active without embedding"
     matmul: bool = True  # a 2-D tensor that multiplies activations (false: a bias or gate shaped [heads, width])
     facts: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # per-module facts: ("cache", (("per_token", expr), ...))
+    rows: sp.Expr | None = None  # positions this module runs on for S input tokens, where not S (BLT's patches S/p)
 
     @property
     def is_leaf(self) -> bool:
@@ -87,6 +90,15 @@ def walk(term: Term, active: bool = False, mult: sp.Expr = ONE, bucket: str | No
     yield term, mult, bucket, path
     for child in term.children:
         yield from walk(child, active, mult, bucket, path)
+
+
+def rows(term: Term, outer: sp.Expr = S) -> Iterator[tuple[Term, sp.Expr]]:
+    """Every node with the positions it runs on for S input tokens: S, or what a module says (S/p patches, S + a
+    prompt, S times the calls of a recurrent module), in terms of its parent's positions."""
+    here = outer if term.rows is None else term.rows.xreplace({S: outer})
+    yield term, here
+    for child in term.children:
+        yield from rows(child, here)
 
 
 def breakdown(term: Term, active: bool = False) -> dict[str, sp.Expr]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import sympy as sp
 
-from symparam.components import leaves
+from symparam.components import leaves, rows
 from symparam.context import holders, substitution
 from symparam.figures import decimal
 from symparam.model import Model
@@ -23,9 +23,12 @@ CONVENTION = (
 
 
 def matmul_parameters(model: Model, active: bool = True) -> sp.Expr:
-    """Weights of the matrix multiplications one token passes through (all experts if not `active`)."""
+    """Weights of the matrix multiplications one token passes through (all experts if not `active`), each as often as
+    its module runs per input token (BLT's global model once per patch of p bytes: S/p rows for S tokens)."""
+    per_token = {id(node): here / S for node, here in rows(model.tree)}
     return sp.expand(sum(
-        (copies * sp.Mul(*leaf.shape) for leaf, copies, _, _ in leaves(model.tree, active) if len(leaf.shape) == 2 and leaf.matmul and not (leaf.lookup or leaf.buffer)),
+        (copies * sp.Mul(*leaf.shape) * per_token[id(leaf)] for leaf, copies, _, _ in leaves(model.tree, active)
+         if len(leaf.shape) == 2 and leaf.matmul and not (leaf.lookup or leaf.buffer)),
         sp.Integer(0),
     ))
 

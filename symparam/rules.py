@@ -17,13 +17,14 @@ _COMPARE: dict[type, Callable[[Any, Any], bool]] = {
 }
 _ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Div: operator.truediv,  # Python's float arithmetic, as transformers computes sizes (int(d * qk_dim_factor))
 }
 _NODES = (ast.Expression, ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Compare, ast.BoolOp, ast.UnaryOp,
           ast.BinOp, ast.IfExp, ast.List, ast.Tuple, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub,
           *_COMPARE, *_ARITHMETIC)
 MAX_LAYERS = 10**6  # a layer rule that reads i is applied to each layer: beyond this, no real model
 FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "len": len, "bool": bool, "any": any, "all": all,
+    "len": len, "bool": bool, "any": any, "all": all, "int": int, "round": round, "min": min, "max": max,
     "nth": lambda value, i: value[i] if isinstance(value, list) else value,  # a size given once or per layer (Gemma 3n's intermediate_size)
 }
 

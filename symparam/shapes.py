@@ -30,6 +30,8 @@ def _visit(term: Term, path: str, layers: sp.Expr, tokens: sp.Expr, in_stack: bo
     path = f"{path}.{term.key}" if path and term.key else path or term.key
     bucket = term.component or bucket
     routed = term.active_times != term.times
+    if term.rows is not None:  # a module that runs on other positions than its parent (BLT's patches, CPM-Ant's prompt)
+        tokens = term.rows.xreplace({S: tokens})
     if routed:
         tokens = tokens * term.active_times
     elif term.times != ONE:

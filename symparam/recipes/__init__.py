@@ -31,7 +31,7 @@ TOP_LEVEL = {"family", "title", "model_types", "architectures", "wrappers", "sum
 OWN = ("family", "title", "model_types", "architectures", "wrappers", "summary")  # never inherited through `extends`
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
                 "buffer", "lookup", "layers", "matmul"}
-BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend"}
+BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows"}
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
     "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
@@ -200,7 +200,8 @@ class _Builder:
                       for fact in FACTS if fact in meta)
         return c.Term(key=key, label=self.words(words.get("label") or meta.get("label") or name, env),
                       note=self.words(words.get("note") or meta.get("note", ""), env),
-                      children=tuple(children), component=words.get("component") or meta.get("component"), facts=facts)
+                      children=tuple(children), component=words.get("component") or meta.get("component"), facts=facts,
+                      rows=self.formula(meta["rows"], env) if "rows" in meta else None)
 
     def entry(self, e: Entry, env: Mapping[str, Any], hoist: list | None, count: sp.Expr | None, path: str) -> c.Term | None:
         """A tensor or a sub-block instance, or None where its switch is off."""
