@@ -334,10 +334,12 @@ def _one_variant_per_layer(recipe: Recipe, values: Values) -> None:
 
 
 def _checks(recipe: Recipe, values: dict[str, int]) -> None:
-    """The recipe's relations between values ("h % h_kv == 0"), where the config sets every value they read."""
+    """The recipe's relations between values ("h % h_kv == 0"), where the config sets every value they read (a size
+    read per layer of a kind the config has no layers of is 0 and no value: its checks do not apply)."""
+    absent = {name for name, s in recipe.symbols.items() if s.each is not None and values.get(name) == 0}
     for text, message in recipe.checks.items():
         rule = compile_rule(text, f"{recipe.source}: [checks]")
-        if set(rule.reads) <= set(values) and not rule(values.get):
+        if set(rule.reads) <= set(values) - absent and not rule(values.get):
             raise SymparamError(message.format(**values))
 
 

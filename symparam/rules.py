@@ -72,7 +72,7 @@ class Rule:
 
     text: str
     tree: ast.Expression = field(repr=False, compare=False)
-    reads: tuple[str, ...] = ()  # top-level config keys (and `i`) it reads
+    reads: tuple[str, ...] = ()  # top-level config keys (and `i`) it reads, in the order it is written
 
     def __call__(self, lookup: Callable[[str], Any], i: Any = None) -> Any:
         """The rule's value; names are read through `lookup` (a dotted key -> its config value, None if unset)."""
@@ -172,7 +172,8 @@ def compile_rule(text: Any, where: str) -> Rule:
     for node in ast.walk(tree):
         if not isinstance(node, _NODES) or (isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS)):
             raise SymparamError(f"{where}: {text!r} uses {type(node).__name__}, which rules do not allow")
-    reads = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in FUNCTIONS})
+    names = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in FUNCTIONS), key=lambda n: n.col_offset)
+    reads = list(dict.fromkeys(n.id for n in names))  # in the order the rule is written: its first key names it in errors
     return Rule(text, tree, tuple(reads))
 
 
