@@ -133,6 +133,8 @@ def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], 
         spec = wrapped.wrappers[model_type]
         key = spec.get("config", "text_config")
         text = raw.get(key)
+        if text is None and spec.get("flat"):  # the language model's keys at the top level, as transformers reads them then
+            text = {k: v for k, v in raw.items() if k != "model_type" and not k.endswith("_config")}
         if not isinstance(text, dict):
             raise SymparamError(f"{key}: missing; a {model_type} config keeps its language model there")
         defaults = spec.get("defaults", {})  # the wrapper config's own defaults for the keys it keeps

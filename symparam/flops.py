@@ -11,7 +11,8 @@ from symparam.components import leaves, rows
 from symparam.context import holders, substitution
 from symparam.figures import decimal
 from symparam.model import Model
-from symparam.symbols import S, evaluate
+from symparam.errors import SymparamError
+from symparam.symbols import S
 
 TRAINING_FACTOR = 3  # backward ~ 2 x forward (gradients with respect to activations and to weights)
 CONVENTION = (
@@ -53,8 +54,12 @@ def report(model: Model, seq: int | None = None) -> dict[str, Any]:
     subs = substitution(model, seq)
     seq = int(subs[S])
 
-    def exact(expr: sp.Expr) -> int:
-        return evaluate(expr, subs, f"{model.name}: {expr}")
+    def exact(expr: sp.Expr) -> int | str:
+        """An exact figure: an int, or "p/q" where a module runs on other positions than S (CPM-Ant's prompt)."""
+        value = sp.sympify(expr).xreplace(subs)
+        if not value.is_Rational:
+            raise SymparamError(f"{model.name}: {expr} has no value here ({value})")
+        return int(value) if value.is_Integer else f"{value.p}/{value.q}"
 
     params = exact(matmul_parameters(model))
     return {
@@ -63,7 +68,7 @@ def report(model: Model, seq: int | None = None) -> dict[str, Any]:
         "seq": seq,
         "matmul_parameters": params,
         "matmul_parameters_all_experts": exact(matmul_parameters(model, active=False)),
-        "matmul_flops": 2 * params,
+        "matmul_flops": exact(2 * matmul_parameters(model)),
         "attention_flops": exact(attention(model)),
         "forward_flops_per_token": exact(forward(model)),
         "training_flops_per_token": exact(training(model)),
@@ -88,9 +93,10 @@ def text(r: dict[str, Any]) -> str:
         ("training FLOPs per token", r["training_flops_per_token"], f["training"]),
     ]
     lines = [f"{r['name']} ({r['family']}): FLOPs per token attending to S = {r['seq']:,} positions"]
-    lines += [f"{label:<31} {value:>22,}  ({decimal(Fraction(value, 10**9))} G)  = {formula}" for label, value, formula in rows]
+    shown = lambda v: f"{v:,}" if isinstance(v, int) else decimal(Fraction(v))  # noqa: E731
+    lines += [f"{label:<31} {shown(value):>22}  ({decimal(Fraction(value) / 10**9)} G)  = {formula}" for label, value, formula in rows]
     if r["matmul_parameters_all_experts"] != r["matmul_parameters"]:
-        lines.append(f"(all experts: {r['matmul_parameters_all_experts']:,} matmul parameters; one token uses M)")
+        lines.append(f"(all experts: {shown(r['matmul_parameters_all_experts'])} matmul parameters; one token uses M)")
     return "\n".join(lines + ["convention: " + r["convention"]])
 
 

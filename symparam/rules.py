@@ -160,7 +160,7 @@ class Rule:
 
 def compile_rule(text: Any, where: str) -> Rule:
     """A Rule from its text; anything beyond names, constants, comparisons, and/or/not, arithmetic,
-    indexing, `x if c else y` and len/bool/any/all is an error naming `where`."""
+    indexing, `x if c else y` and the FUNCTIONS is an error naming `where`."""
     if type(text) is bool:
         text = str(text)
     if not isinstance(text, str):

@@ -53,7 +53,7 @@ def trace(model: Model) -> list[Step]:
             continue
         module = path.rsplit(".", 1)[0] if node.key == "weight" else path
         if node.lookup:
-            steps.append(Step(module, (S, node.shape[1]), f"rows of the [{node.shape[0]}, {node.shape[1]}] table", repeat))
+            steps.append(Step(module, (tokens, node.shape[1]), f"rows of the [{node.shape[0]}, {node.shape[1]}] table", repeat))
         elif bucket == "LM head":
             steps.append(Step(module, (S, node.shape[0]), "logits: one score per vocabulary entry per position", repeat))
         else:

@@ -10,6 +10,7 @@ A family may add hints in tests/families/<family>.toml, each optional:
     [tiny]      key = value          # merged over the tiny config test_features runs for real (see tiny_config)
     [features]  cache = "why"        # test_features: symparam's cache differs from transformers' by definition
                 matmul = "why"       # ... and its matmul weights per token (a weight applied once per head, ...)
+                shapes = "why"       # ... and the activation sizes it traces (a module run c times traced as one tensor)
     [assume]    "rule" = "why"       # random configs must satisfy these rules over the config (relations transformers does not check)
     [symbolic]  idle = "formula"     # parameters no token ever uses (what active leaves out even when k = n)
     [oracle]    routed = "regex"     # which tensors are routed experts (default \.experts\.); experts / per_token: n and k keys

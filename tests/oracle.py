@@ -121,7 +121,10 @@ def routing(cfg: Any, experts_key: str | None = None, per_token_key: str | None 
             value = getattr(value, part, None)
         return value
 
-    read = lambda keys: next((get(key) for key in keys if isinstance(get(key), int) and get(key)), None)  # noqa: E731
+    def one(value: Any) -> Any:  # a value per layer (Hunyuan's moe_topk list) whose entries agree is that value
+        return value[0] if isinstance(value, list) and value and all(v == value[0] for v in value) else value
+
+    read = lambda keys: next((one(get(key)) for key in keys if isinstance(one(get(key)), int) and one(get(key))), None)  # noqa: E731
     return read((experts_key,) if experts_key else EXPERT_COUNT_KEYS) or 0, read((per_token_key,) if per_token_key else PER_TOKEN_KEYS)
 
 

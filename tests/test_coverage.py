@@ -31,7 +31,8 @@ def test_reasons_are_known_and_name_real_types():
     assert not set(data["types"]) & set(REGISTRY.by_type), "a type both out of scope and read by a recipe"
 
 
-ALIASES = sorted((t, REGISTRY.headers[f]["family"]) for t, f in REGISTRY.by_type.items() if t != model_type(REGISTRY.family(REGISTRY.headers[f]["family"])))
+ALIASES = sorted((t, REGISTRY.headers[f]["family"]) for t, f in REGISTRY.by_type.items()
+                 if t in MAPPING and t != model_type(REGISTRY.family(REGISTRY.headers[f]["family"])))  # a text type inside a wrapper is tested with it
 
 
 @pytest.mark.parametrize("model_type_, family", ALIASES)

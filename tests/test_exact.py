@@ -119,6 +119,11 @@ def test_multimodal_wrapper_counts_its_language_model_per_tensor(wrapper, family
         spec = REGISTRY.family(family).wrappers[wrapper]
         reference = {**{k: config[k] for k in spec.get("keep", []) if k in config}, **config[spec.get("config", "text_config")]}
     assert_same(config, oracle(reference, **hints(family).get("oracle", {})))
+    spec = REGISTRY.family(family).wrappers[wrapper]
+    if spec.get("flat"):  # the same language model with its keys at the top level, as published configs write it
+        text = config[spec.get("config", "text_config")]
+        flat = {**{k: v for k, v in text.items() if k != "model_type"}, **{k: config[k] for k in spec.get("keep", []) if k in config}, "model_type": wrapper}
+        assert_same(flat, oracle(flat, **hints(family).get("oracle", {})))
     model = symparam.load(config)
     text_type = config[REGISTRY.family(family).wrappers[wrapper].get("config", "text_config")].get("model_type")
     assert model.recipe.family == (REGISTRY.for_model_type(text_type).family if text_type in REGISTRY.by_type else family)  # mistral3 wraps "mistral"

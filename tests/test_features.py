@@ -109,8 +109,12 @@ def test_shapes_match_a_real_forward_pass(family):
     for step in shapes(load(tiny_config(family)), SEQ):
         ours.setdefault(step["name"], set()).add(math.prod(step["shape"]))
     checked = [name for name in ours if name in seen]
-    for name in checked:  # every size traced occurs (a module may also run on other inputs: Zaya's delayed values)
-        assert ours[name] <= seen[name], (name, ours[name], seen[name])
+    differs = hints(family).get("features", {}).get("shapes")
+    wrong = [(name, ours[name], seen[name]) for name in checked if not ours[name] <= seen[name]]  # every size traced occurs
+    if differs:  # a difference of definition, documented in the family's hints
+        assert wrong, f"the documented difference ({differs}) no longer holds: drop it"
+    else:
+        assert not wrong
     assert len(checked) >= 3, (sorted(seen), sorted(ours))
 
 
