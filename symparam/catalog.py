@@ -6,6 +6,7 @@ them; `docs --check` and the tests recompute them, so the file cannot drift from
 from __future__ import annotations
 
 import json
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ def entry(name: str) -> dict[str, Any]:
     return out | {"family": model.recipe.family, "title": model.recipe.title, "total": count.total, "active": count.active}
 
 
+@cache
 def compute() -> str:
     """The index as JSON text: every preset's entry, in preset order."""
     return json.dumps([entry(name) for name in presets()], indent=1) + "\n"

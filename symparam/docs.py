@@ -26,13 +26,19 @@ def _derivation(family: str) -> Derivation:
     return derive(Model(REGISTRY.family(family)))
 
 
+@cache
+def _page(family: str, fmt: str, lang: str) -> str:
+    """One family's derivation page, rendered once per process (check and write read the same text)."""
+    return render(_derivation(family), fmt, lang)
+
+
 def pages() -> dict[str, Callable[[], str]]:
     """File name under generated/ -> a function producing its text."""
     out: dict[str, Callable[[], str]] = {}
     for header in REGISTRY.families():
         for fmt, ext in FORMATS.items():
             for lang in LANGS:
-                out[f"{header['family']}.{lang}.{ext}"] = lambda r=header["family"], f=fmt, l=lang: render(_derivation(r), f, l)
+                out[f"{header['family']}.{lang}.{ext}"] = lambda r=header["family"], f=fmt, l=lang: _page(r, f, l)
     out["examples.md"] = examples_page
     mapping = causal_lm_types()
     if mapping is not None:
