@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -81,14 +82,21 @@ def big_sweep(model, rows: int = 10**6) -> tuple[float, float]:
     return seconds, compile_s
 
 
-def cold(cmd: list[str], runs: int) -> list[float]:
-    """Wall-clock seconds of `runs` fresh processes."""
-    times = []
+# Child processes run as a user's Python does, writing and reading bytecode caches (this machine sets
+# PYTHONDONTWRITEBYTECODE, which would recompile symparam's modules on every start).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def cold(cmds: dict[str, list[str]], runs: int) -> dict[str, float]:
+    """Median wall-clock seconds of `runs` fresh processes of each command, the commands taking turns (so a change in
+    the machine's load weighs on all of them alike)."""
+    times: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-        times.append(time.perf_counter() - start)
-    return times
+        for name, cmd in cmds.items():
+            start = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, env=ENV)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -101,18 +109,15 @@ def main() -> None:
           f"{meta / compiled:,.0f}x faster (goal >= 1000x)")
     seconds, compile_s = big_sweep(model)
     print(f"(b) sweep over 10^6 configs (exact int64, overflow-guarded): {seconds:.3f} s, plus {compile_s:.3f} s to compile (goal < 1 s)")
-    runs = 7
-    ours = cold(SYMPARAM, runs)
+    runs = 11
     config = ROOT / "symparam" / "presets" / f"{PRESET}.json"
-    theirs = cold([sys.executable, "-c", META_BUILD, str(config)], max(3, runs // 2))
-    floor = statistics.median(cold([sys.executable, "-c", "import sympy"], runs))
-    mine, other = statistics.median(ours), statistics.median(theirs)
-    print(f"(c) cold process, median of {runs}: `symparam count --model {PRESET}` {mine:.3f} s; python importing transformers + meta build "
-          f"{other:.3f} s (median of {len(theirs)}): {other / mine:.1f}x faster (goals >= 5x and <= 0.5 s)")
-    print(f"    of which `python -c 'import sympy'` alone takes {floor:.3f} s (median of {runs}); symparam's own share {mine - floor:.3f} s")
-    listing = statistics.median(cold([sys.executable, "-m", "symparam.cli", "list"], runs))
-    print(f"(d) with {len(REGISTRY.headers)} recipes installed, against `python -c 'import sympy'` ({floor:.3f} s): `count --model {PRESET}` "
-          f"{mine / floor:.2f}x, `list` {listing:.3f} s = {listing / floor:.2f}x (goal <= 1.5x each)")
+    m = cold({"sympy": [sys.executable, "-c", "import sympy"], "count": SYMPARAM, "list": [sys.executable, "-m", "symparam.cli", "list"]}, runs)
+    other = cold({"meta": [sys.executable, "-c", META_BUILD, str(config)]}, 3)["meta"]
+    print(f"(c) cold process, median of {runs}: `symparam count --model {PRESET}` {m['count']:.3f} s; python importing transformers + meta build "
+          f"{other:.3f} s (median of 3): {other / m['count']:.1f}x faster (goals >= 5x and <= 0.5 s)")
+    print(f"    of which `python -c 'import sympy'` alone takes {m['sympy']:.3f} s; symparam's own share {m['count'] - m['sympy']:.3f} s")
+    print(f"(d) with {len(REGISTRY.headers)} recipes installed, against `python -c 'import sympy'`: `count --model {PRESET}` "
+          f"{m['count'] / m['sympy']:.2f}x, `list` {m['list']:.3f} s = {m['list'] / m['sympy']:.2f}x (goal <= 1.5x each)")
 
 
 if __name__ == "__main__":

@@ -126,6 +126,9 @@ class Rule:
             return self._apply(node, _ARITHMETIC[type(node.op)], ev(node.left), ev(node.right))
         if isinstance(node, ast.Compare):
             left = ev(node.left)
+            if len(node.ops) == 1:  # one comparison is its own value: elementwise on arrays (sweep checks whole columns)
+                right_node = node.comparators[0]
+                return self._apply(right_node if path(right_node) else node.left, _COMPARE[type(node.ops[0])], left, ev(right_node))
             for op, right_node in zip(node.ops, node.comparators):
                 right = ev(right_node)
                 if not self._apply(right_node if path(right_node) else node.left, _COMPARE[type(op)], left, right):

@@ -7,6 +7,8 @@ A recipe starts from the built-in library `_library.toml` (transformers' Llama l
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import string
 import tomllib
@@ -606,8 +608,9 @@ class Registry:
     (its top-level keys and [wrappers]) is read up front; a recipe is parsed when first used, so more recipes cost the
     cold CLI little."""
 
-    def __init__(self, files: dict[str, str]) -> None:
+    def __init__(self, files: dict[str, str], known: dict[str, list] | None = None) -> None:
         self._files = files  # family file name -> TOML text
+        known = known or {}  # file -> [sha1 of its text, its header]: headers read before (HEADERS), skipped if unchanged
         self._full: dict[str, dict[str, Any]] = {}
         self._parsed: dict[str, Recipe] = {}
         self.headers: dict[str, dict[str, Any]] = {}  # file -> family, title, summary, model_types, architectures, wrappers
@@ -616,7 +619,8 @@ class Registry:
         self.by_wrapper: dict[str, str] = {}
         self.by_class: dict[str, str] = {}
         for file, text in files.items():
-            data = self.headers[file] = read_toml(header(text), file)
+            digest = fingerprint(text)
+            data = self.headers[file] = known[file][1] if known.get(file, [None])[0] == digest else read_toml(header(text), file)
             family = data.get("family")
             if not isinstance(family, str):
                 raise SymparamError(f"{file}: missing 'family'")
@@ -692,10 +696,29 @@ def header(text: str) -> str:
     return top + ("\n[wrappers]\n" + wrappers[1] if wrappers else "")
 
 
+HEADERS = "_headers.json"  # every recipe's header with the fingerprint of its text, written by `symparam docs`
+
+
+def fingerprint(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+def header_index(registry: Registry) -> str:
+    """HEADERS as JSON text: what the registry read, so the next cold start need not parse any TOML (a recipe edited
+    since is read anew: the file only saves time)."""
+    return json.dumps({file: [fingerprint(text), registry.headers[file]] for file, text in registry._files.items()}, indent=0, sort_keys=True) + "\n"
+
+
 def builtin() -> Registry:
     """The registry of the recipes shipped in this package."""
-    files = sorted(resources.files(__package__).iterdir(), key=lambda p: p.name)
-    return Registry({p.name: p.read_text(encoding="utf-8") for p in files if p.name.endswith(".toml") and not p.name.startswith("_")})
+    root = resources.files(__package__)
+    files = sorted(root.iterdir(), key=lambda p: p.name)
+    texts = {p.name: p.read_text(encoding="utf-8") for p in files if p.name.endswith(".toml") and not p.name.startswith("_")}
+    try:
+        known = json.loads(root.joinpath(HEADERS).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        known = {}
+    return Registry(texts, known)
 
 
 REGISTRY = builtin()
