@@ -1,4 +1,4 @@
-"""Memory: weight bytes by dtype, the KV cache for S tokens x B sequences, and a mixed-precision Adam training estimate."""
+"""Memory: weight bytes by dtype, the KV cache for S tokens x B sequences, and training memory; the layer above the model, below the CLI."""
 
 from __future__ import annotations
 
