@@ -32,6 +32,7 @@ class Resolved:
     notes: tuple[tuple[str, dict[str, str]], ...] = ()  # how the config was read: (catalog phrase, its fields), e.g. ("note_wrapper", {...})
     scope: dict[str, Any] = field(default_factory=dict)  # {"scope": "language model", "wrapper": "gemma3"} for wrappers
     source: Source | None = None  # where the config came from
+    config: dict[str, Any] = field(default_factory=dict)  # the language model's config.json with the family's defaults
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
     _one_variant_per_layer(recipe, values)
     _checks(recipe, values.known)
     _whole_shapes(tree, values.known, as_subs(values.known))
-    return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope, source)
+    return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope, source, config)
 
 
 def tree_symbols(tree: Term) -> set[sp.Symbol]:

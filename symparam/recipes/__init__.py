@@ -29,11 +29,11 @@ from symparam.symbols import TABLE, SymbolDef, define, make, parse
 LIBRARY = "_library.toml"
 ROOT = "causal_lm"  # the block a model is built from
 TOP_LEVEL = {"family", "title", "model_types", "architectures", "wrappers", "summary", "extends", "defaults", "symbols",
-             "switches", "blocks", "lists", "checks", "names", "zh"}
+             "switches", "blocks", "lists", "checks", "names", "zh", "functions"}
 OWN = ("family", "title", "model_types", "architectures", "wrappers", "summary")  # never inherited through `extends`
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
                 "buffer", "lookup", "layers", "matmul"}
-BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows"}
+BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "forward"}
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
     "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
@@ -94,6 +94,7 @@ class Recipe:
     checks: dict[str, str] = field(default_factory=dict)  # rule over symbol values -> message when it fails
     names: dict[str, dict[str, str]] = field(default_factory=dict)  # [names.rename] / [names.not_parameters]
     zh: dict[str, str] = field(default_factory=dict)  # English words of this recipe -> Chinese
+    functions: dict[str, str] = field(default_factory=dict)  # [functions]: name -> a program its blocks' forwards call
     source: str = ""  # where the recipe was read from
 
     def config_keys(self, symbol: str) -> tuple[str, ...]:
@@ -192,18 +193,19 @@ class _Builder:
             if isinstance(spec, tuple):
                 if hoist is None:
                     raise SymparamError(f"{self.recipe.source}: [blocks.{name}] {entry_key}: variants are only allowed inside the layer stack")
-                self.variants(spec, env, hoist, count, path)
+                self.variants(spec, env, hoist, count, path, f"{path}.{entry_key}" if path else entry_key)
                 continue
             term = self.entry(spec, env, hoist, count, path)
             if term is not None:
                 children.append(term)
         meta = block.meta
+        code = c.Code(meta["forward"], f"{self.recipe.source}: [blocks.{name}] forward", _bound(env), entries=_keys(block)) if "forward" in meta else None
         facts = tuple((fact, tuple((k, self.formula(v, env) if k in FACTS[fact][0] else self.words(v, env)) for k, v in sorted(meta[fact].items())))
                       for fact in FACTS if fact in meta)
         return c.Term(key=key, label=self.words(words.get("label") or meta.get("label") or name, env),
                       note=self.words(words.get("note") or meta.get("note", ""), env),
                       children=tuple(children), component=words.get("component") or meta.get("component"), facts=facts,
-                      rows=self.formula(meta["rows"], env) if "rows" in meta else None)
+                      rows=self.formula(meta["rows"], env) if "rows" in meta else None, code=code)
 
     def entry(self, e: Entry, env: Mapping[str, Any], hoist: list | None, count: sp.Expr | None, path: str) -> c.Term | None:
         """A tensor or a sub-block instance, or None where its switch is off."""
@@ -222,8 +224,9 @@ class _Builder:
         times = self.formula(e.times, env) if e.times else c.ONE
         return replace(term, times=times, active_times=self.formula(e.active, env) if e.active else times)
 
-    def variants(self, spec: tuple[Entry, ...], env: Mapping[str, Any], hoist: list, count: sp.Expr, path: str) -> None:
-        """A slot whose module differs by layer: each conditional variant counts its layers; the last may take the rest."""
+    def variants(self, spec: tuple[Entry, ...], env: Mapping[str, Any], hoist: list, count: sp.Expr, path: str, slot: str) -> None:
+        """A slot whose module differs by layer: each conditional variant counts its layers; the last may take the rest.
+        Hoisted as [layers, path in the layer, term, slot path]."""
         rest = count
         for v in spec:
             if v.count in self.absent:
@@ -233,7 +236,7 @@ class _Builder:
             at = len(hoist)
             term = self.entry(v, env, hoist, n, path)
             if term is not None:
-                hoist.insert(at, [n, f"{path}.{v.key}" if path else v.key, term])
+                hoist.insert(at, [n, f"{path}.{v.key}" if path else v.key, term, slot])
 
     def stack(self, e: Entry, args: Mapping[str, Any], words: Mapping[str, Any]) -> c.Term:
         """The decoder layers: the layer block's parts grouped by how many layers have them (N, N_dense, N - N_dense, ...)."""
@@ -241,12 +244,26 @@ class _Builder:
         hoist: list = []
         layer = self.block(e.block, "", args, words, hoist, layers)
         groups: dict[sp.Expr, list[c.Term]] = {}
-        for n, key, term in [(layers, t.key, t) for t in layer.children] + hoist:
+        slots: dict[str, list[tuple[sp.Expr, str]]] = {}
+        for n, key, term, slot in [(layers, t.key, t, None) for t in layer.children] + hoist:
             groups.setdefault(n, []).append(replace(term, key=key))
+            if slot is not None:
+                slots.setdefault(slot, []).append((n, key))
+        code = layer.code and replace(layer.code, slots=tuple((k, tuple(v)) for k, v in slots.items()), stack=True)
         one = len(groups) == 1  # a single kind is the stack itself; several sit in it unnamed (model.layers.<module>)
         kinds = [c.group(e.key if one else "", layer.label if n == layers else _layers_label(self.recipe, n, terms), terms, times=n, component=layer.component)
                  for n, terms in groups.items()]
-        return kinds[0] if one else c.group(e.key, layer.label, kinds)
+        return replace(kinds[0], code=code) if one else c.group(e.key, layer.label, kinds, code=code)
+
+
+def _keys(block: Block) -> tuple[str, ...]:
+    """The module and tensor names a block declares, as transformers names them (every variant's too)."""
+    return tuple(e.key for _, spec in block.entries for e in (spec if isinstance(spec, tuple) else (spec,)))
+
+
+def _bound(env: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A block's arguments as its forward program reads them: sizes (formulas) and conditions (true/false)."""
+    return tuple(sorted((k, v) for k, v in env.items() if isinstance(v, (sp.Expr, bool))))
 
 
 def _layers_label(recipe: Recipe, count: sp.Expr, terms: list[c.Term]) -> str:
@@ -547,10 +564,20 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
         checks={str(k): str(v) for k, v in _table(full, "checks", source).items()},
         names=_names(source, full.get("names", {})),
         zh={str(k): str(v) for k, v in _table(full, "zh", source).items()},
+        functions=_functions(full, source),
         source=source,
     )
     _validate(recipe)
     return recipe
+
+
+def _functions(data: dict[str, Any], source: str) -> dict[str, str]:
+    """[functions]: programs the blocks' forwards call by name (rotate_half, repeat_kv, an attention kernel's wrapper)."""
+    table = _table(data, "functions", source)
+    for name, text in table.items():
+        if not isinstance(text, str):
+            raise SymparamError(f"{source}: [functions] {name}: expected a program (def {name}(...): ...)")
+    return dict(table)
 
 
 def _lists(data: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
