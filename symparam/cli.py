@@ -83,13 +83,20 @@ def cmd_count(args: argparse.Namespace) -> str:
 
     from symparam.render import note
 
+    from symparam.memory import storage
+
     model = model_from(args)
     count = model.count()
     notes = [note(key, fields) for key, fields in model.notes]
+    layout = storage.layout(model, args.quant)
+    stored = layout.report(model.values or {}) if layout is not None else None
+    extras = storage.checkpoint_extras(model)
     if args.json:
         origin = model.source.as_dict() if model.source else None
         payload = {"name": model.name, "family": model.recipe.family, **model.scope, "source": origin, "notes": notes, **count.as_dict()}
         payload["formulas"] = {"total": str(model.total), "active": str(model.active), **{c: str(e) for c, e in model.components.items()}}
+        payload["checkpoint_extras"] = extras
+        payload["stored"] = stored
         return json.dumps(payload, indent=2)
     moe = count.active != count.total
     figures = [("total", count.total, "")]
@@ -98,6 +105,13 @@ def cmd_count(args: argparse.Namespace) -> str:
     figures.append(("active without input embedding", count.active_without_embedding, "; as vendors often quote"))
     title = model.name if model.name == model.recipe.title else f"{model.name} ({model.recipe.title})"
     lines = [title] + notes + [f"{label:<31}{n:>19,}  ({scaled(n)}{why})" for label, n, why in figures]
+    if extras:
+        more = sum(e["values"] for e in extras)
+        lines.append(f"{'stored in the checkpoint':<31}{more:>19,}  more values ({scaled(more)}), not parameters transformers builds:")
+        lines += [f"  {e['values']:,}: {e['what']}" for e in extras]
+    if stored is not None:
+        lines.append(f"{'stored as':<31}{stored['bytes']:>19,}  bytes ({stored['title']}, from {stored['source']}: "
+                     f"{stored['tensor_count']:,} tensors; `symparam memory` lists them)")
     tied = " (tied: stored once, in the input embedding)" if model.flags.get("tied") else ""
     rows = [(c + (tied if c == "LM head" else ""), formula(grouped(model.tree, bucket=c)), f"{n:,}", f"{percent(n, count.total)}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
     header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
@@ -130,6 +144,12 @@ def add_memory(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="storage format of weights and KV cache (default bf16)")
     add_context(parser)
     parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences held at once (default 1)")
+    add_quant(parser)
+
+
+def add_quant(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quant", metavar="FORMAT", help="store the weights in a quantization format (fp8-block, mxfp4, nvfp4, gptq-4bit-g128, "
+                        "awq-4bit-g128, nf4, int8, ...; none: ignore the config's quantization_config); default: the config's own")
 
 
 def add_context(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -146,7 +166,7 @@ def add_plot(parser: argparse.ArgumentParser) -> None:
 def cmd_memory(args: argparse.Namespace) -> str:
     from symparam import memory
 
-    report = memory.report(model_from(args), args.dtype, args.seq, args.batch)
+    report = memory.report(model_from(args), args.dtype, args.seq, args.batch, args.quant)
     return json.dumps(report, indent=2) if args.json else memory.text(report)
 
 
@@ -333,7 +353,7 @@ def cmd_docs(args: argparse.Namespace) -> str:
 
 # name -> (help, add arguments, run); each run returns the text to print.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]] = {
-    "count": ("exact total, active and per-component parameter counts", add_source, cmd_count),
+    "count": ("exact total, active and per-component parameter counts", lambda p: (add_source(p), add_quant(p)), cmd_count),
     "list": ("families and presets", lambda p: None, cmd_list),
     "memory": ("weights, KV cache and training memory in bytes, GB and GiB", add_memory, cmd_memory),
     "flops": ("forward and training FLOPs per token", lambda p: (add_source(p), add_context(p)), cmd_flops),

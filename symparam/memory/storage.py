@@ -119,7 +119,8 @@ def formats() -> dict[str, Format]:
 
 def quant_names() -> list[str]:
     """Every --quant name the table knows (a pattern written as it is: gptq-{bits}bit-g{group_size})."""
-    return [n for f in formats().values() for n in f.names] + [f.pattern for f in formats().values() if "pattern" in f.spec]
+    patterns = [re.sub(r"\{(?:\w+\.)*(\w+)\}", r"{\1}", f.pattern) for f in formats().values() if "pattern" in f.spec]
+    return [n for f in formats().values() for n in f.names] + patterns
 
 
 # --- settings ----------------------------------------------------------------------------------------------------
@@ -162,19 +163,31 @@ def with_group(f: Format, qc: Mapping[str, Any], where: str) -> dict[str, Any]:
     return settings
 
 
+def nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{"group.weights.num_bits": 4} as {"group": {"weights": {"num_bits": 4}}}."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *outer, last = key.split(".")
+        here = out
+        for part in outer:
+            here = here.setdefault(part, {})
+        here[last] = value
+    return out
+
+
 def from_name(name: str) -> tuple[Format, dict[str, Any]]:
     """The format and settings a --quant name stands for (a fixed name, or a pattern such as gptq-4bit-g128)."""
     for f in formats().values():
         if name in f.names:
             return f, merged(f.defaults, f.names[name])
         if "pattern" in f.spec:
-            fields = re.findall(r"\{(\w+)\}", f.pattern)
+            fields = re.findall(r"\{([\w.]+)\}", f.pattern)
             regex = re.escape(f.pattern)
-            for key in fields:
-                regex = regex.replace(re.escape(f"{{{key}}}"), f"(?P<{key}>-?\\d+)")
+            for i, key in enumerate(fields):
+                regex = regex.replace(re.escape(f"{{{key}}}"), f"(?P<f{i}>-?\\d+)")
             match = re.fullmatch(regex, name)
             if match:
-                return f, merged(f.defaults, {k: int(v) for k, v in match.groupdict().items()})
+                return f, merged(f.defaults, nested({key: int(match[f"f{i}"]) for i, key in enumerate(fields)}))
     raise SymparamError(f"--quant: unknown format {name!r}; known: {', '.join(quant_names())}, {GGUF}TYPE, {NONE}")
 
 
