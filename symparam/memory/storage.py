@@ -23,6 +23,7 @@ from symparam.rules import compile_rule, lookup_in
 from symparam.safetensors import DTYPE_BYTES, DTYPE_NAMES
 from symparam.symbols import evaluate, make, parse
 
+LINEAR = ("linear", "conv1d")  # module kinds whose `weight` is one matrix [d_out, d_in]
 D_OUT, D_IN = sp.Symbol("d_out", positive=True, integer=True), sp.Symbol("d_in", positive=True, integer=True)
 NONE = "none"  # --quant none: the config's quantization_config ignored, no stored layout
 GGUF = "gguf:"  # --quant gguf:TYPE names a llama.cpp type, sized by memory/gguf.py
@@ -81,8 +82,9 @@ class Stored:
             "format": self.format, "title": self.title, "source": self.source, "bytes": exact(self.total), "formula": str(self.total),
             "tensor_count": exact(self.tensors()), "extra_bytes": exact(self.extras),
             "per_matrix": str(self.per_matrix) if self.per_matrix is not None else None,
-            "tensors": [{"name": p.name, "stores": p.stores, "dtype": p.dtype, "shape": [str(s) for s in p.shape], "copies": str(p.copies),
-                         "bytes_per_copy": str(p.bytes), "bytes": exact(p.total), **({"extra": p.extra} if p.extra else {})} for p in self.parts],
+            "tensors": [{"name": p.name, "stores": p.stores, "dtype": p.dtype, "shape": [str(s) for s in p.shape], "dims": [exact(s) for s in p.shape],
+                         "copies": str(p.copies), "count": exact(p.copies), "bytes_per_copy": str(p.bytes), "bytes": exact(p.total),
+                         **({"extra": p.extra} if p.extra else {})} for p in self.parts],
             "kept": [{"why": why, "tensors": list(names)} for why, names in self.kept],
             "notes": list(self.notes),
         }
@@ -425,7 +427,7 @@ def build(model: Model, reader: Reader) -> Stored:
                 parts.extend(quantized(leaf, reader, specs, values, extra))
                 continue
             kept.setdefault(why, []).append(leaf.path)
-            bias = leaf.kind == "linear" and leaf.term.key == "bias" and leaf.module in packed
+            bias = leaf.kind in LINEAR and leaf.term.key == "bias" and leaf.module in packed
             parts.append(plain(leaf, leaf.term.dtype or (f.spec["bias"] if bias and "bias" in f.spec else reader.settings["dtype"]), extra))
 
     place(list(walk(model.tree, stack)), "")
@@ -440,8 +442,8 @@ def build(model: Model, reader: Reader) -> Stored:
 def reason(leaf: Leaf, reader: Reader, stack: str) -> str | None:
     """Why a tensor is kept as it is, or None when the format packs it."""
     f, words = reader.f, table()["kept"]
-    matrix = len(leaf.term.shape) == 2 and (leaf.term.key == "weight" if leaf.kind == "linear" else leaf.term.matmul)
-    if leaf.term.buffer or not matrix or leaf.kind not in ("linear", "experts"):
+    matrix = len(leaf.term.shape) == 2 and (leaf.term.key == "weight" if leaf.kind in LINEAR else leaf.term.matmul)
+    if leaf.term.buffer or not matrix or leaf.kind not in (*LINEAR, "experts"):
         return words.get(leaf.kind if leaf.kind in ("head", "embedding", "router") else "other")
     if leaf.kind not in f.quantizes:
         return f"{leaf.kind} layers: {f.title} packs only {', '.join(f.quantizes)}"
@@ -456,7 +458,7 @@ def quantized(leaf: Leaf, reader: Reader, specs: list[dict[str, Any]], values: M
     """The parts one packed matrix (or one expert's matrices, split as checkpoints store them) is stored as."""
     f = reader.f
     d_out, d_in = leaf.term.shape
-    if leaf.kind == "linear":
+    if leaf.kind in LINEAR:
         matrices = [(leaf.module, d_out)]
     elif f.experts == "fused":
         matrices = [(leaf.path, d_out)]
@@ -479,8 +481,9 @@ def quantized(leaf: Leaf, reader: Reader, specs: list[dict[str, Any]], values: M
 
 
 def plain(leaf: Leaf, dtype: str, extra: str) -> Part:
-    """A tensor stored as it is, in `dtype`."""
-    return Part(leaf.path, leaf.path, dtype, leaf.term.shape, leaf.copies, sp.Mul(*leaf.term.shape) * DTYPE_BYTES[dtype], extra)
+    """A tensor stored as it is, in `dtype` (a Conv1D weight as transformers' Conv1D holds it, [d_in, d_out])."""
+    shape = leaf.term.shape[::-1] if leaf.kind == "conv1d" and leaf.term.key == "weight" else leaf.term.shape
+    return Part(leaf.path, leaf.path, dtype, shape, leaf.copies, sp.Mul(*shape) * DTYPE_BYTES[dtype], extra)
 
 
 # --- what count says ---------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ OWN = ("family", "title", "model_types", "architectures", "wrappers", "summary",
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
                 "buffer", "lookup", "layers", "matmul", "dtype"}
 BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module"}
-MODULE_KINDS = ("linear", "experts", "head", "embedding", "router")  # `module = ...` of a block: what quantization formats read
+MODULE_KINDS = ("linear", "conv1d", "experts", "head", "embedding", "router")  # `module = ...` of a block: what quantization formats read
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
     "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
