@@ -84,7 +84,7 @@ class Stored:
             "per_matrix": str(self.per_matrix) if self.per_matrix is not None else None,
             "tensors": [{"name": p.name, "stores": p.stores, "dtype": p.dtype, "shape": [str(s) for s in p.shape], "dims": [exact(s) for s in p.shape],
                          "copies": str(p.copies), "count": exact(p.copies), "bytes_per_copy": str(p.bytes), "bytes": exact(p.total),
-                         **({"extra": p.extra} if p.extra else {})} for p in self.parts],
+                         **({"extra": p.extra} if p.extra else {})} for p in self.parts if exact(p.copies)],
             "kept": [{"why": why, "tensors": list(names)} for why, names in self.kept],
             "notes": list(self.notes),
         }
@@ -161,7 +161,7 @@ def with_group(f: Format, qc: Mapping[str, Any], where: str) -> dict[str, Any]:
         schemes = {repr(sorted((k, repr(v)) for k, v in g.items() if k != "targets")) for g in groups.values()}
         if len(schemes) > 1:
             raise SymparamError(f"{where}.{f.groups}: {len(groups)} groups with different schemes; symparam reads one scheme per model")
-        settings["group"] = merged(f.defaults.get("group", {}), next(iter(groups.values())))
+        settings["group"] = next(iter(groups.values()))  # the config's own scheme, not merged with a default one
     return settings
 
 
