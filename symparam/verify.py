@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -310,7 +310,13 @@ def _switch_hint(model: Model, label: str) -> str:
 
 
 def compare(model: Model, stored: list[Tensor], source: str) -> Report:
-    """Expected tensors of `model` against the stored tensors, grouped into components."""
+    """Expected tensors of `model` against the stored tensors, grouped into components; a checkpoint whose config
+    carries a quantization_config is compared part by part against its stored layout (compare_stored)."""
+    from symparam.memory import storage
+
+    layout = storage.layout(model)
+    if layout is not None:
+        return compare_stored(model, layout, stored, source)
     values = model.values or {}
     renames, rules = name_tables(model)
     layers = values.get("N")
@@ -346,12 +352,63 @@ def compare(model: Model, stored: list[Tensor], source: str) -> Report:
     return Report(source, expected_total, found_total, not mismatches and expected_total == found_total, mismatches, table, skipped)
 
 
+def compare_stored(model: Model, layout: Any, stored: list[Tensor], source: str) -> Report:
+    """A quantized checkpoint part by part: every tensor of the stored layout (packed weights, scales, zero points, group
+    indices, tensors kept as they are, the checkpoint's extras) by name with layer and expert indices left out, with its
+    count, shape and dtype; bytes per component. Scales and zeros are expected tensors, not mismatches."""
+    values = model.values or {}
+    renames = model.recipe.names.get("rename", {})
+    rules = {**{k: v for k, v in COMMON_NOT_PARAMETERS.items() if "scale" not in v and "state" not in v}, **model.recipe.names.get("not_parameters", {})}
+    report = layout.report(values)
+    buckets = {name: e.bucket for name, e in expected_tensors(model.tree).items()}
+    expected: dict[str, Counter] = defaultdict(Counter)
+    bucket_of: dict[str, str] = {}
+    for t in report["tensors"]:
+        name = strip(t["name"])
+        expected[name][(tuple(t["dims"]), t["dtype"])] += t["count"]
+        bucket_of[name] = "checkpoint extras" if "extra" in t else buckets.get(strip(t["stores"]), "other")
+    found: dict[str, Counter] = defaultdict(Counter)
+    components: dict[str, dict[str, int]] = defaultdict(lambda: {"expected": 0, "found": 0})
+    for t in report["tensors"]:
+        components[bucket_of[strip(t["name"])]]["expected"] += t["bytes"]
+    skipped, mismatches = [], []
+    for t in stored:
+        name = INDEX.sub("", strip(t.name))
+        for pattern, replacement in renames.items():
+            name = re.sub(pattern, replacement, name)
+        why = None if name in expected else next((why for pattern, why in rules.items() if re.search(pattern, t.name)), None)
+        if why:
+            skipped.append({"tensor": t.name, "shape": str(list(t.shape)), "dtype": t.dtype, "reason": why})
+            continue
+        found[name][(t.shape, t.dtype)] += 1
+        components[bucket_of.get(name, "not in the layout")]["found"] += t.bytes or 0
+    for name in sorted(set(expected) | set(found)):
+        if expected[name] != found[name]:
+            mismatches.append(f"{name}: expected {_parts(expected[name]) or 'nothing'}, found {_parts(found[name]) or 'nothing'}")
+    found_bytes = sum(t.bytes or 0 for t in stored if not any(s["tensor"] == t.name for s in skipped))
+    note = f"stored as {layout.title} (from {layout.source}): compared part by part, {report['tensor_count']:,} tensors expected"
+    return Report(source, report["bytes"], found_bytes, not mismatches and found_bytes == report["bytes"], mismatches, dict(components), skipped, [note], unit="bytes")
+
+
+def _parts(counts: Counter) -> str:
+    """{((12, 56), "F32"): 61} as "61 x F32[12, 56]"."""
+    return ", ".join(f"{n:,} x {dtype}{list(shape)}" for (shape, dtype), n in sorted(counts.items(), key=str))
+
+
 def compare_index(model: Model, index_path: Path, dtype: str) -> Report:
     """Only an index: metadata.total_size against the parameter count times the bytes per parameter of `dtype`."""
     index = read_index(index_path)
     size = index.get("metadata", {}).get("total_size") if isinstance(index.get("metadata"), dict) else None
     if type(size) is not int or size < 0:
         raise SymparamError(f"{index_path}: metadata.total_size is missing or not a whole number of bytes")
+    from symparam.memory import storage
+
+    layout = storage.layout(model)
+    if layout is not None:  # a quantized checkpoint: total_size against its stored layout, exactly
+        expected = layout.report(model.values or {})["bytes"]
+        words = [] if size == expected else [f"total_size: expected {expected:,} bytes stored as {layout.title}, found {size:,} bytes ({size - expected:+,})"]
+        notes = [f"only the index was read: {len(index['weight_map'])} tensors named, no shapes; total_size compared with the stored layout ({layout.source})"]
+        return Report(str(index_path), expected, size, not words, words, {}, [], notes, unit="bytes")
     code = DTYPE_NAMES.get(dtype, dtype)
     if code not in DTYPE_BYTES:
         raise SymparamError(f"--dtype: unknown {dtype!r}; known: {', '.join(DTYPE_NAMES)}")
