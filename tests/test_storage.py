@@ -44,9 +44,6 @@ FP8_DIFFERENCES = {
     "gemma3n_text": "AltUp projections are nn.Linear that the recipe writes as tensors of its own block",
     "zamba2": "a shared block reused by several layers: transformers swaps one copy, checkpoints store it once",
     "reformer": "its LM head is lm_head.decoder, which transformers' skip list (the output embedding) does not name",
-    "deepseek_v32": "_keep_in_fp32_modules lists indexer.weights_proj: transformers leaves it unquantized",
-    "glm_moe_dsa": "_keep_in_fp32_modules lists indexer.weights_proj: transformers leaves it unquantized",
-    "axk2": "_keep_in_fp32_modules lists indexer.weights_proj: transformers leaves it unquantized",
     "apertus": "scalar parameters: transformers holds shape [], the recipe [1] (the same bytes)",
     "doge": "retrieval-expert tables stacked [n, d] in transformers, one row per expert in the recipe (the same bytes)",
     "recurrent_gemma": "block-diagonal gates stacked [h, w, w] in transformers, one block per copy in the recipe (the same bytes)",
@@ -55,10 +52,6 @@ FP8_DIFFERENCES = {
     "deepseek_v4": "float32 hyper-connection parameters (_keep_in_fp32_modules_strict) not yet marked F32 in the recipe",
     "hy_v4": "float32 hyper-connection parameters and head (_keep_in_fp32_modules_strict) not yet marked F32 in the recipe",
     "longcat_flash": "transformers stacks the zero experts' unused gate_up slice into the fused experts",
-}
-F32_NOT_MARKED = {  # tensors transformers keeps in float32 (_keep_in_fp32_modules_strict, or created so) that recipes do not mark yet
-    "axk1", "bailing_hybrid", "beam", "dots1", "dots3_note_text", "ernie4_5_moe", "exaone_moe", "flint", "glm4_moe", "hy_v3",
-    "kolibri1", "mimo_v2_flash", "olmo_hybrid", "solar_open", "zamba", "zaya", "jamba", "mamba", "falcon_mamba",
 }
 NOT_BUILT = {"aria_text", "dbrx", "emu3", "jetmoe", "lfm2_moe", "nemotron_h", "classic"}  # FP8Experts cannot read their configs' expert keys
 
@@ -83,10 +76,7 @@ def with_quantization(config: dict, qc: dict) -> dict:
 def test_fp8_block_against_transformers(family):
     """FP8Linear / FP8Experts as transformers' FineGrainedFP8 quantizer puts them in place, every tensor's shape and dtype."""
     config = with_quantization(tiny_config(family), FP8)
-    diff = compare(listing(replaced(config, FP8)), stored(config))
-    if family in F32_NOT_MARKED:
-        diff = {k: v for k, v in diff.items() if {d for _, d in (v[0] or {})} != {"F32"}}
-    assert not diff
+    assert not compare(listing(replaced(config, FP8)), stored(config))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe", "gpt2", "deepseek_v3", "gemma3_text"])

@@ -444,7 +444,7 @@ def reason(leaf: Leaf, reader: Reader, stack: str) -> str | None:
     f, words = reader.f, table()["kept"]
     matrix = len(leaf.term.shape) == 2 and (leaf.term.key == "weight" if leaf.kind in LINEAR else leaf.term.matmul)
     if leaf.term.buffer or not matrix or leaf.kind not in (*LINEAR, "experts"):
-        return words.get(leaf.kind if leaf.kind in ("head", "embedding", "router") else "other")
+        return words.get(leaf.kind if leaf.kind in ("head", "embedding", "router", "kept") else "other")
     if leaf.kind not in f.quantizes:
         return f"{leaf.kind} layers: {f.title} packs only {', '.join(f.quantizes)}"
     if f.spec.get("layers_only") and not leaf.in_layers:

@@ -32,9 +32,9 @@ TOP_LEVEL = {"family", "title", "model_types", "architectures", "wrappers", "sum
              "switches", "blocks", "lists", "checks", "names", "zh", "checkpoint"}
 OWN = ("family", "title", "model_types", "architectures", "wrappers", "summary", "checkpoint")  # never inherited through `extends`
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
-                "buffer", "lookup", "layers", "matmul", "dtype"}
+                "buffer", "lookup", "layers", "matmul", "dtype", "module"}
 BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module"}
-MODULE_KINDS = ("linear", "conv1d", "experts", "head", "embedding", "router")  # `module = ...` of a block: what quantization formats read
+MODULE_KINDS = ("linear", "conv1d", "experts", "head", "embedding", "router", "kept")  # kept: a module the modeling keeps unquantized  # `module = ...` of a block: what quantization formats read
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
     "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
@@ -65,6 +65,7 @@ class Entry:
     matmul: bool  # a 2-D tensor that multiplies activations (FLOPs); false for a bias or gate shaped as a matrix
     layers: bool  # the decoder-layer stack: entries inside may be variants chosen per layer
     dtype: str | None = None  # the dtype it is stored in whatever the model's (transformers' _keep_in_fp32_modules_strict): "F32"
+    module: str | None = None  # a sub-block's module kind where it differs from its block's ("kept": _keep_in_fp32_modules)
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,7 @@ class _Builder:
             return self.stack(e, args, words)
         term = self.block(e.block, e.key, args, words, hoist, count, f"{path}.{e.key}" if path else e.key)
         times = self.formula(e.times, env) if e.times else c.ONE
-        return replace(term, times=times, active_times=self.formula(e.active, env) if e.active else times)
+        return replace(term, times=times, active_times=self.formula(e.active, env) if e.active else times, module=e.module or term.module)
 
     def variants(self, spec: tuple[Entry, ...], env: Mapping[str, Any], hoist: list, count: sp.Expr, path: str) -> None:
         """A slot whose module differs by layer: each conditional variant counts its layers; the last may take the rest."""
@@ -415,7 +416,14 @@ def _entry(key: str, spec: Any, where: str) -> Entry:
         matmul=bool(spec.get("matmul", True)),
         layers=bool(spec.get("layers", False)),
         dtype=None if "dtype" not in spec else _dtype(spec["dtype"], where),
+        module=_module(spec.get("module"), where),
     )
+
+
+def _module(value: Any, where: str) -> str | None:
+    if value is not None and value not in MODULE_KINDS:
+        raise SymparamError(f"{where}: module {value!r} is not a module kind; known: {', '.join(MODULE_KINDS)}")
+    return value
 
 
 def _dtype(value: Any, where: str) -> str:
