@@ -317,6 +317,7 @@ def add_derive(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--brief", action="store_true", help="only the chain of equations and the component table")
     parser.add_argument("--fragment", action="store_true", help="LaTeX without preamble, for \\input")
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of printing")
+    add_quant(parser)
 
 
 def cmd_derive(args: argparse.Namespace) -> str:
@@ -325,7 +326,7 @@ def cmd_derive(args: argparse.Namespace) -> str:
 
     given_values = args.model or args.config or args.sets
     model = model_from(args) if given_values else Model(source(args)[1])  # no values: purely symbolic
-    d = derive(model)
+    d = derive(model, args.quant)
     text = html(d, args.lang, args.brief) if args.format == "html" else render(d, args.format, args.lang, args.fragment, args.brief)
     if not args.output:
         return text.rstrip("\n")

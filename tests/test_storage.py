@@ -294,3 +294,23 @@ def test_verify_reads_a_quantized_checkpoint_part_by_part(family, tmp_path, caps
     write_headers(tmp_path / "model.safetensors", {n: v for n, v in found.items() if n != scale})
     assert main(["verify", "--config", str(tmp_path / "config.json"), "--checkpoint", str(tmp_path / "model.safetensors")]) == 1
     assert "o_proj.weight_scale_inv: expected" in capsys.readouterr().out
+
+
+# --- derivations ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quant", [None, "fp8-block", "mxfp4", "nvfp4", "fp8-dynamic", "w4a16", "gptq-4bit-g128", "awq-4bit-g128", "nf4-dq", "int8", "modelopt-nvfp4", "modelopt-fp8"])
+def test_derivations_show_the_storage_formula_in_both_languages(quant):
+    from symparam.derive import derive
+    from symparam.render import render
+    from test_render import untranslated
+
+    model = load("deepseek-v3") if quant is None else load("qwen3-30b-a3b")
+    d = derive(model, quant)
+    assert untranslated(d) == set()
+    assert d.storage.value == stored(_preset("deepseek-v3") if quant is None else _preset("qwen3-30b-a3b"), quant)["bytes"]
+    for lang in ("en", "zh"):
+        text = render(d, "markdown", lang)
+        assert r"\mathrm{bytes}(d_{out}, d_{in})" in text and f"{d.storage.value:,}" in text
+    if quant is None:
+        assert r"d_{in} d_{out} + 4 \left\lceil{\frac{d_{in}}{128}}\right\rceil \left\lceil{\frac{d_{out}}{128}}\right\rceil" in render(d, "markdown")
