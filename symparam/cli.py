@@ -83,14 +83,10 @@ def cmd_count(args: argparse.Namespace) -> str:
 
     from symparam.render import note
 
-    from symparam.memory import storage
-
     model = model_from(args)
     count = model.count()
     notes = [note(key, fields) for key, fields in model.notes]
-    layout = storage.layout(model, args.quant)
-    stored = layout.report(model.values or {}) if layout is not None else None
-    extras = storage.checkpoint_extras(model)
+    stored, extras = as_stored(model, args.quant)
     if args.json:
         origin = model.source.as_dict() if model.source else None
         payload = {"name": model.name, "family": model.recipe.family, **model.scope, "source": origin, "notes": notes, **count.as_dict()}
@@ -121,6 +117,19 @@ def cmd_count(args: argparse.Namespace) -> str:
     for r in table:
         lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip())
     return "\n".join(lines)
+
+
+def as_stored(model: Model, quant: str | None) -> tuple[dict | None, list[dict]]:
+    """How the checkpoint stores the model (a format's layout, or None) and what it stores beyond the parameters; the
+    storage module is loaded only for a model that has either (the cold `count` of most models does without it)."""
+    from symparam.components import leaves
+
+    if quant is None and model.quantization is None and not model.recipe.checkpoint and not any(leaf.buffer for leaf, *_ in leaves(model.tree)):
+        return None, []
+    from symparam.memory import storage
+
+    layout = storage.layout(model, quant)
+    return (layout.report(model.values or {}) if layout is not None else None), storage.checkpoint_extras(model)
 
 
 def cmd_list(args: argparse.Namespace) -> str:
