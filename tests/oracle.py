@@ -175,25 +175,34 @@ def oracle(config: dict[str, Any], **routing_hints: str) -> Oracle:
     return classic_oracle(config) if config["model_type"] == "classic" else hf_oracle(config, **routing_hints)
 
 
+@functools.cache
+def trained_model(config_json: str, dtype: str) -> nn.Module:
+    """The tiny random transformers model of a config on CPU, cast to `dtype` and in training mode (built once)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = hf_config(json.loads(config_json))
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    return model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+
+
 def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "sdpa", checkpointing: bool = False,
-                batch: int = 2, seq: int = 5, modules: set[str] | None = None, seed: int = 0) -> dict[str, int]:
+                batch: int = 2, seq: int = 5, modules: set[str] | None = None) -> dict[str, int]:
     """What autograd keeps for backward in one training forward with the loss of the tiny random transformers model of
     `config` on CPU: bytes of every storage a `saved_tensors_hooks` pack hook sees, once, parameters and buffers
     excluded, attributed to the module whose forward allocated it (layer indices left out; folded up to the nearest of
     `modules`, symparam's modules; "(inputs)" for the batch)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
-    import transformers
 
-    torch.manual_seed(seed)
-    cfg = hf_config(config)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attention)
-    model = model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+    model = trained_model(json.dumps(config, sort_keys=True), dtype)
+    model.set_attn_implementation(attention)
     if checkpointing:
         model.gradient_checkpointing_enable()
+    else:
+        model.gradient_checkpointing_disable()
     weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     stack, created, alive = [""], {}, []
-    hooks = []
 
     def enter(name: str):
         return lambda module, args: stack.append(name)
@@ -201,6 +210,7 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     def leave(module, args, output) -> None:
         stack.pop()
 
+    hooks = []
     for name, module in model.named_modules():
         hooks += [module.register_forward_pre_hook(enter(name)), module.register_forward_hook(leave)]
 
@@ -221,12 +231,14 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
             saved[ptr] = (t.untyped_storage().nbytes(), created.get(ptr, "(inputs)"))
         return t
 
-    vocab = cfg.get_text_config().vocab_size
-    ids = torch.randint(0, vocab, (batch, seq))
-    with Creators(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
-    for h in hooks:
-        h.remove()
+    generator = torch.Generator().manual_seed(batch * 1000 + seq)
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq), generator=generator)
+    try:
+        with Creators(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=ids)
+    finally:
+        for h in hooks:
+            h.remove()
     out: dict[str, int] = {}
     for nbytes, creator in saved.values():
         name = normal(creator)

@@ -47,6 +47,7 @@ class Activations:
     mode: Mode
     checkpointing: str
     assumed: tuple[sp.Basic, ...]  # conditions on sizes the forward's branches took: where the formula holds
+    kernels: tuple[tuple[str, str], ...] = ()  # (module, text): CPU reference paths a GPU replaces with a fused kernel
 
     @property
     def formula(self) -> sp.Expr:
@@ -88,7 +89,7 @@ def parts(storages: Iterable[Storage]) -> tuple[Part, ...]:
 def activations(model, mode: Mode = Mode(), checkpointing: str = "none", context: dict | None = None) -> Activations:
     """The activation memory of a configured model under a mode; `context` holds S and B where a branch needs them."""
     t = trace(model, mode, context)
-    return Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed))
+    return Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
 
 
 __all__ = ["CHECKPOINTING", "Part", "Activations", "kept", "parts", "activations"]

@@ -46,6 +46,7 @@ class Trace:
     saved: list[tuple[Storage, str]]
     layers: list[LayerCall] = field(default_factory=list)  # each run of a decoder-layer stack (checkpointing reads it)
     assumed: list[sp.Basic] = field(default_factory=list)  # conditions on sizes the branches took (S > W, h > h_kv)
+    kernels: dict[str, str] = field(default_factory=dict)  # module -> the GPU kernel its CPU reference path stands in for
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class Interpreter:
         self.config = dict(getattr(model, "config", {}) or {})
         self.ctx = Context("", ONE, [], [], mode.act, self.values, self.assumed)
         self.layers: list[LayerCall] = []
+        self.kernels: dict[str, str] = {}
         self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
 
@@ -114,7 +116,7 @@ class Interpreter:
         self.call_module(Module(root, root.key, ONE), [ids, labels], {})
         kept = {s.ident for s, _ in self.ctx.saved}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
-        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)))
+        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels)
 
     def input(self, what: str) -> Value:
         storage = Storage(B * S, "int64", INPUTS, what)
@@ -129,6 +131,8 @@ class Interpreter:
         if term.code is None:
             raise SymparamError(f"{module.path or 'the model'}: its block has no forward program; activation memory needs one ([blocks.X] forward = ...)")
         program = compile_program(term.code.text, term.code.where)
+        if term.code.kernel:
+            self.kernels[module.path] = term.code.kernel
         if term.code.stack:
             return self.call_stack(module, program, args, kwargs)
         env = dict(term.code.env)
