@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ class Layout:
     tensors: tuple[GGUFTensor, ...]
     notes: tuple[str, ...]
     values: dict[str, int]
+    files: tuple[tuple[str, str, int, tuple[int, ...]], ...]  # every tensor in llama.cpp's order: (name, type, bytes, shape)
+    unmapped: tuple[str, ...] = ()  # tensors the name tables do not know: they keep their transformers names
 
     @property
     def formula(self) -> sp.Expr:
@@ -92,6 +95,15 @@ def type_bytes(dtype: str, ncols: sp.Expr) -> sp.Expr:
 def tensor_bytes(dtype: str, shape: Sequence[sp.Expr]) -> sp.Expr:
     """Bytes of one tensor: its rows (every dimension but the last) times one row."""
     return sp.Mul(*shape[:-1]) * type_bytes(dtype, shape[-1])
+
+
+def _whole_bytes(dtype: str, shape: Sequence[int]) -> int:
+    """tensor_bytes at whole numbers, without SymPy (a file has thousands of tensors)."""
+    t = table()["types"][dtype]
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return rows * -(-shape[-1] // t["block"]) * t["bytes"]
 
 
 def resolve_mix(name: str) -> str:
@@ -133,15 +145,17 @@ def _pieces(model: Model, names: Mapping[str, Any]) -> tuple[list[_Piece], list[
                 tied = True
                 return
             target = names.get(path)
-            if target is None:
+            if target is None:  # kept under its transformers name, with the layer index where llama.cpp puts it
                 unmapped.append(path)
-                target = path
+                target = f"blk.{path}" if in_layers else path
             parts = [target] if isinstance(target, str) else list(target)
             shape = tuple(sp.sympify(s) for s in term.shape)
-            rows = shape[0] / len(parts)
-            each = ((rows, *shape[1:]) if len(parts) > 1 else shape)
-            each = ((experts, *each) if experts != 1 else each)
-            pieces.extend(_Piece(p, path, each, layers, in_layers) for p in parts)
+            for part in parts:
+                if isinstance(part, str):  # the rows split evenly between the parts (a fused gate_up)
+                    each = (shape[0] / len(parts), *shape[1:]) if len(parts) > 1 else shape
+                else:  # the converter's own reshape, in the recipe's symbols (MLA's kv_b into k_b and v_b)
+                    part, each = part["name"], tuple(sp.sympify(x, locals={n: make(n) for n in model.recipe.symbols}) for x in part["shape"])
+                pieces.append(_Piece(part, path, (experts, *each) if experts != 1 else each, layers, in_layers))
             return
         if term.key == "experts" and term.times != 1:
             experts = experts * term.times
@@ -190,8 +204,7 @@ def quantizable(name: str, dims: int, arch: str | None) -> bool:
 
 def source_type(name: str, dims: int, outtype: str) -> str:
     """The type the converter writes: F32 for 1-D tensors, norms, non-weights and its F32 list; else the outtype."""
-    stem = name.split(".", 2)[2] if name.startswith("blk.") else name
-    stem = stem.rsplit(".", 1)[0]
+    stem = re.sub(r"^blk\.(\d+\.)?", "", name).rsplit(".", 1)[0]
     f32 = dims <= 1 or name.endswith("_norm.weight") or not name.endswith((".weight", ".lora_a", ".lora_b")) or stem in table()["converter"]["f32_names"]
     return "F32" if f32 else outtype
 
@@ -223,6 +236,13 @@ def _holds(text: str | None, facts: Mapping[str, Any]) -> bool:
     return bool(_rule(text)(read, facts.get("i")))
 
 
+@cache
+def _mix_rules(mix: str) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
+    """The rules and adjustments that apply to a mix, in order."""
+    t = table()
+    return tuple(r for r in t["rules"] if _applies(r, mix)), tuple(a for a in t["adjust"] if _applies(a, mix))
+
+
 def choose(mix: str, facts: Mapping[str, Any], positions: Mapping[str, tuple[int, int]]) -> str:
     """llama_tensor_get_type for one quantizable tensor: the rules, the adjustments, then the fallback by row length."""
     t = table()
@@ -230,16 +250,15 @@ def choose(mix: str, facts: Mapping[str, Any], positions: Mapping[str, tuple[int
     if t["types"][base]["block"] == 1:  # F32, F16, BF16: no mix rules, no fallback
         return base
     chosen = base
-    for rule in t["rules"]:
-        if not _applies(rule, mix):
-            continue
+    rules, adjusts = _mix_rules(mix)
+    for rule in rules:
         pos = rule.get("position")
         here = {**facts, **(dict(zip(("i", "n"), positions[pos])) if pos else {})}
         if _holds(rule.get("when"), here):
             chosen = base if rule["type"] == "keep" else rule["type"]
             break
-    for adjust in t["adjust"]:
-        if _applies(adjust, mix) and _holds(adjust["when"], facts):
+    for adjust in adjusts:
+        if _holds(adjust["when"], facts):
             chosen = adjust["map"].get(chosen, adjust["map"].get("*", chosen))
     return fallback(chosen, facts["ncols"])
 
@@ -256,6 +275,16 @@ def fallback(dtype: str, ncols: int) -> str:
 
 
 # --- the layout ------------------------------------------------------------------------------------------------------
+
+
+def layer_masks(raw: Mapping[str, Any], model: Model) -> dict[str, list[bool]]:
+    """Which layers each of the model's layer-count symbols selects in its config (N_dense: i < first_k_dense_replace),
+    for the rules that read a layer's position."""
+    from symparam.config import Values, unwrap
+
+    config, recipe, _, _ = unwrap(dict(raw), model.recipe)
+    values = Values(recipe, {**recipe.defaults, **config}, {})
+    return {name: list(values.mask(name)) for name in recipe.layer_symbols if name in model.values}
 
 
 def family_arch(model: Model) -> str | None:
@@ -315,12 +344,14 @@ def layout(model: Model, mix: str, masks: Mapping[str, Sequence[bool]] | None = 
     counters: dict[str, int] = {}
     groups: dict[tuple[str, str, str], list[int]] = {}
     order: list[tuple[str, str, str]] = []
+    files: list[tuple[str, str, int, tuple[int, ...]]] = []
+    shapes = {id(p): tuple(val(s) for s in p.shape) for p in pieces}
     for layer, name, p in concrete:
-        shape = [val(s) for s in p.shape]
+        shape = shapes[id(p)]
         dims = len(shape) - next((k for k, s in enumerate(shape) if s != 1), len(shape))  # ggml_n_dims
-        dtype = source_type(name, dims, outtype)
-        if quantizable(name, dims, arch):
-            cat = category(name)
+        dtype = source_type(p.gguf, dims, outtype)
+        if quantizable(p.gguf, dims, arch):
+            cat = category(p.gguf)
             counter_key = "attn" if cat in ATTN_V_LIKE else cat
             i_count = counters.get(counter_key, 0)
             counters[counter_key] = i_count + 1
@@ -328,6 +359,7 @@ def layout(model: Model, mix: str, masks: Mapping[str, Sequence[bool]] | None = 
                          "ffn_layer": (layer if n_expert > 1 else i_count, values["N"])}
             facts = {**facts_model, "category": cat, "ncols": shape[-1], "ne2": shape[0] if len(shape) == 3 else 1}
             dtype = choose(mix, facts, positions)
+        files.append((name, dtype, _whole_bytes(dtype, shape), shape))
         key = (p.gguf, p.hf, dtype)
         if key not in groups:
             groups[key] = []
@@ -344,7 +376,7 @@ def layout(model: Model, mix: str, masks: Mapping[str, Sequence[bool]] | None = 
         tensors.append(GGUFTensor(gguf_name, hf, dtype, p.shape, copies, tensor_bytes(dtype, p.shape)))
     notes.append(f"tensor data padded to {t['file']['alignment']}-byte alignment after each tensor, as llama.cpp writes it; "
                  f"tensors the quantizer keeps are in the converter's {outtype}" + ("; read with an importance matrix" if imatrix else ""))
-    return Layout(f"gguf:{mix}", arch, tuple(tensors), tuple(notes), values)
+    return Layout(f"gguf:{mix}", arch, tuple(tensors), tuple(notes), values, tuple(files), tuple(unmapped))
 
 
 def _copies(p: _Piece, layers: list[int], all_groups: list[list[int]], values: Mapping[str, int]) -> sp.Expr:
@@ -402,4 +434,4 @@ def rows(model: Model, mix: str, **kw: Any) -> dict[str, Any]:
 
 
 __all__ = ["GGUFTensor", "Layout", "layout", "rows", "type_bytes", "tensor_bytes", "resolve_mix", "category", "quantizable",
-           "source_type", "choose", "fallback", "family_arch", "header_estimate", "table"]
+           "source_type", "choose", "fallback", "family_arch", "layer_masks", "header_estimate", "table"]
