@@ -185,6 +185,18 @@ def _imatrix(base: Path) -> dict[str, int]:
 DRY = [m for m, spec in MIXES.items() if spec["base"].startswith("IQ")]
 
 
+@pytest.mark.parametrize("label", list(TINY))
+def test_header_and_tensor_infos(converted, label: str):
+    """The fixed header and the tensor infos are the bytes the file spends on them (its metadata measured apart)."""
+    config, base = converted[label]
+    reader = llama_cpp.gguf().GGUFReader(str(base / "bf16.gguf"))
+    infos = sum(p.nbytes for t in reader.tensors for p in t.field.parts)
+    metadata = sum(p.nbytes for f in reader.fields.values() if not f.name.startswith("GGUF.") for p in f.parts)
+    header = gguf.header_estimate(_layout(config, "BF16"))["header_and_tensor_infos"]
+    assert header == 24 + infos
+    assert -(-(header + metadata) // 32) * 32 == min(int(t.data_offset) for t in reader.tensors)
+
+
 @pytest.mark.parametrize("mix", list(MIXES))
 @pytest.mark.parametrize("label", list(TINY))
 def test_mix_as_llama_quantize_makes_it(converted, label: str, mix: str):

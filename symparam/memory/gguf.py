@@ -399,20 +399,17 @@ def _copies(p: _Piece, layers: list[int], all_groups: list[list[int]], values: M
 
 
 def header_estimate(lay: Layout, vocab: int | None = None) -> dict[str, Any]:
-    """The bytes before the tensor data: the fixed header and tensor infos (exact from the names and shapes), and the
-    metadata with the vocabulary (an estimate: its token strings, types and merges are not known from a config)."""
-    infos = 0
-    for t in lay.tensors:
-        name_len = len(t.name) + (len(str(lay.values["N"] - 1)) + 1 if t.name.startswith("blk.") else 0)  # the widest index
-        infos += lay.exact(t.copies) * (8 + name_len + 4 + 8 * len(t.shape) + 4 + 8)
+    """The bytes before the tensor data: the fixed header and the tensor infos (exact: each name, its dimensions, type
+    and offset), and the metadata with the vocabulary (an estimate: the tokens are not known from a config)."""
+    infos = sum(8 + len(name) + 4 + 8 * len(shape) + 4 + 8 for name, _, _, shape in lay.files)
     vocab = vocab or lay.values.get("V", 0)
     vocabulary = vocab * (8 + 7) + vocab * 4 + vocab * (8 + 12)  # token strings (~7 bytes each), token types, BPE merges
     return {
         "header_and_tensor_infos": 24 + infos,
         "metadata_and_vocabulary_estimate": 4096 + vocabulary,
-        "note": "tensor infos exact but for names with short layer numbers (counted at the widest); metadata estimated: ~4 KiB "
-                "of architecture keys, and per token an 8-byte length and ~7 bytes of text, a 4-byte type and one BPE merge "
-                "of ~20 bytes (SentencePiece vocabularies store 4-byte scores instead of merges); a chat template adds its length",
+        "note": "the 24-byte header and the tensor infos exact; the metadata estimated: ~4 KiB of architecture keys, and per "
+                "token an 8-byte length and ~7 bytes of text, a 4-byte type and one BPE merge of ~20 bytes (SentencePiece "
+                "vocabularies store 4-byte scores instead of merges); a chat template adds its length; then padding to 32 bytes",
     }
 
 
