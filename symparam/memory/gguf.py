@@ -145,9 +145,9 @@ def _pieces(model: Model, names: Mapping[str, Any]) -> tuple[list[_Piece], list[
                 tied = True
                 return
             target = names.get(path)
-            if target is None:  # kept under its transformers name, with the layer index where llama.cpp puts it
+            if target is None:  # its transformers name, with the layer index and the suffix where llama.cpp puts them
                 unmapped.append(path)
-                target = f"blk.{path}" if in_layers else path
+                target = (f"blk.{path}" if in_layers else path) + ("" if path.endswith((".weight", ".bias")) else ".weight")
             parts = [target] if isinstance(target, str) else list(target)
             shape = tuple(sp.sympify(s) for s in term.shape)
             for part in parts:
@@ -342,8 +342,7 @@ def layout(model: Model, mix: str, masks: Mapping[str, Sequence[bool]] | None = 
     facts_model["model_70b"] = arch in t["model_70b"] and bool(_rule(t["model_70b"][arch])(facts_model.get))
     n_attn = sum(1 for _, name, _ in concrete if category(name) in ATTN_V_LIKE)
     counters: dict[str, int] = {}
-    groups: dict[tuple[str, str, str], list[int]] = {}
-    order: list[tuple[str, str, str]] = []
+    groups: dict[tuple[int, str], list[int]] = {}  # (piece, type) -> its layers: one row each
     files: list[tuple[str, str, int, tuple[int, ...]]] = []
     shapes = {id(p): tuple(val(s) for s in p.shape) for p in pieces}
     for layer, name, p in concrete:
@@ -360,20 +359,15 @@ def layout(model: Model, mix: str, masks: Mapping[str, Sequence[bool]] | None = 
             facts = {**facts_model, "category": cat, "ncols": shape[-1], "ne2": shape[0] if len(shape) == 3 else 1}
             dtype = choose(mix, facts, positions)
         files.append((name, dtype, _whole_bytes(dtype, shape), shape))
-        key = (p.gguf, p.hf, dtype)
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append(layer)
+        groups.setdefault((id(p), dtype), []).append(layer)
     if guessed and any(r.get("position") for r in t["rules"] if _applies(r, mix)):
         notes.append(f"layer positions unknown for {', '.join(dict.fromkeys(guessed))}: taken as the first layers; pass masks for exact position rules")
-    by_piece = {p.gguf + "|" + p.hf: p for p in pieces}
+    by_id = {id(p): p for p in pieces}
     tensors = []
-    for gguf_name, hf, dtype in order:
-        p = by_piece[gguf_name + "|" + hf]
-        layers = groups[(gguf_name, hf, dtype)]
-        copies = _copies(p, layers, [g for k, g in groups.items() if k[0] == gguf_name and k[1] == hf], values)
-        tensors.append(GGUFTensor(gguf_name, hf, dtype, p.shape, copies, tensor_bytes(dtype, p.shape)))
+    for (key, dtype), layers in groups.items():
+        p = by_id[key]
+        copies = _copies(p, layers, [g for k, g in groups.items() if k[0] == key], values)
+        tensors.append(GGUFTensor(p.gguf, p.hf, dtype, p.shape, copies, tensor_bytes(dtype, p.shape)))
     notes.append(f"tensor data padded to {t['file']['alignment']}-byte alignment after each tensor, as llama.cpp writes it; "
                  f"tensors the quantizer keeps are in the converter's {outtype}" + ("; read with an importance matrix" if imatrix else ""))
     return Layout(f"gguf:{mix}", arch, tuple(tensors), tuple(notes), values, tuple(files), tuple(unmapped))
