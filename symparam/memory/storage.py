@@ -402,12 +402,17 @@ def layout(model: Model, quant: str | None = None) -> Stored | None:
 
 
 def gguf_layout(model: Model, kind: str) -> Stored:
-    """A GGUF type's layout, from memory/gguf.py where it is installed."""
-    try:
-        from symparam.memory import gguf
-    except ImportError:
-        raise SymparamError(f"--quant {GGUF}{kind}: GGUF types are not available in this version of symparam") from None
-    return gguf.layout(model, kind)
+    """The GGUF file llama.cpp makes of the model with llama-quantize's type or mix (memory/gguf.py): each tensor padded
+    to the file's alignment as written; the header and vocabulary, which a config does not fix, a labelled estimate."""
+    from symparam.memory import gguf
+
+    lay = gguf.layout(model, kind, masks=gguf.layer_masks(model.config, model))
+    parts = tuple(Part(t.name, t.hf, t.dtype, t.shape, t.copies, t.padded_each) for t in lay.tensors)
+    head = gguf.header_estimate(lay)
+    header = (f"before the tensor data: {head['header_and_tensor_infos']:,} bytes of header and tensor infos (exact) and "
+              f"about {head['metadata_and_vocabulary_estimate']:,} bytes of metadata and vocabulary (estimated: {head['note']})")
+    title = f"GGUF {gguf.resolve_mix(kind)} ({'llama.cpp architecture ' + lay.arch if lay.arch else 'no llama.cpp converter for this family'})"
+    return Stored(lay.format, title, parts, (), (*lay.notes, header), {"type": kind}, None, f"--quant {GGUF}{kind}")
 
 
 def build(model: Model, reader: Reader) -> Stored:
