@@ -97,9 +97,11 @@ def cmd_count(args: argparse.Namespace) -> str:
         figures.append(("active", count.active, "; one token's share of the routed experts"))
     figures.append(("active without input embedding", count.active_without_embedding, "; as vendors often quote"))
     title = model.name if model.name == model.recipe.title else f"{model.name} ({model.recipe.title})"
-    lines = [title] + notes + [f"{label:<31}{n:>19,}  ({scaled(n)}{why})" for label, n, why in figures]
+    unknown = f"unknown (without {', '.join(model.unknown.values())})"
+    lines = [title] + notes + [f"{label:<31}{n:>19,}  ({scaled(n)}{why})" if n is not None else f"{label:<31}{unknown:>19}" for label, n, why in figures]
     tied = " (tied: stored once, in the input embedding)" if model.flags.get("tied") else ""
-    rows = [(c + (tied if c == "LM head" else ""), formula(grouped(model.tree, bucket=c)), f"{n:,}", f"{percent(n, count.total)}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
+    shown = lambda n: "unknown" if n is None else f"{n:,}"  # noqa: E731
+    rows = [(c + (tied if c == "LM head" else ""), formula(grouped(model.tree, bucket=c)), f"{n:,}", f"{percent(n, count.total)}%", shown(count.active_components[c])) for c, n in count.components.items()]
     header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
     table = [header] + [r if moe else r[:4] for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
@@ -279,7 +281,7 @@ def cmd_sweep(args: argparse.Namespace) -> str:
     raw, recipe = config_and_recipe(args)
     results = whatif.sweep_config(recipe, raw, columns, parse_sets(args.sets), args.on_overflow)  # each row as `count --set` it
     if args.json:
-        return json.dumps({**{k: [int(x) for x in v] for k, v in columns.items()}, **{k: [int(x) for x in v] for k, v in results.items()}})
+        return json.dumps({**{k: [int(x) for x in v] for k, v in columns.items()}, **{k: None if v is None else [int(x) for x in v] for k, v in results.items()}})
     out = whatif.csv_text(columns, results)
     if args.output:
         write_atomic(Path(args.output), out + "\n")

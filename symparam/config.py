@@ -32,6 +32,7 @@ class Resolved:
     notes: tuple[tuple[str, dict[str, str]], ...] = ()  # how the config was read: (catalog phrase, its fields), e.g. ("note_wrapper", {...})
     scope: dict[str, Any] = field(default_factory=dict)  # {"scope": "language model", "wrapper": "gemma3"} for wrappers
     source: Source | None = None  # where the config came from
+    unknown: dict[str, str] = field(default_factory=dict)  # symbols only `active` needs that the config does not set -> their keys
 
 
 @dataclass(frozen=True)
@@ -165,34 +166,39 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
         raise SymparamError(f"config: expected a JSON object, got {type(raw).__name__}")
     raw, recipe, notes, scope = unwrap(raw, recipe)
     notes = ((source.note,) if source is not None and source.note else ()) + notes
-    config = {**recipe.defaults, **raw}
+    config = legacy_kinds(recipe, {**recipe.defaults, **raw})
     flags = recipe.switch_values(config)
     tree = recipe.build(flags)
-    needed = {str(s) for s in tree_symbols(tree)}
+    needed = {str(s) for s in tree_symbols(tree, active=False)}
+    for_active = {str(s) for s in tree_symbols(tree)} - needed  # k: what one token visits, not what the model holds
     overrides = dict(overrides or {})
     for symbol in overrides:
         if symbol not in recipe.symbols:
             raise SymparamError(f"--set {symbol}: unknown symbol for {recipe.family}; known: {', '.join(recipe.symbols)}")
     values = Values(recipe, config, overrides)
+    _check_lists(recipe, config, values, set(raw))  # before any layer rule indexes them
     for symbol in sorted(needed):
         values.get(symbol)
+    unknown = {symbol: " or ".join(recipe.symbols[symbol].keys) or symbol for symbol in sorted(for_active) if values.get(symbol, required=False) is None}
+    if unknown:
+        notes += (("note_active_unknown", {"keys": ", ".join(unknown.values()), "symbols": ", ".join(unknown)}),)
     for symbol in _optional(recipe, tree):
         values.maybe(symbol)
-    _check_lists(recipe, config, values.known)
     _one_variant_per_layer(recipe, values)
     _checks(recipe, values.known)
     _whole_shapes(tree, values.known, as_subs(values.known))
-    return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope, source)
+    return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope, source, unknown)
 
 
-def tree_symbols(tree: Term) -> set[sp.Symbol]:
+def tree_symbols(tree: Term, active: bool = True) -> set[sp.Symbol]:
     """Every symbol a tree's shapes and copies use, tied tensors and buffers included (Zamba's reuse count is only in
-    tied copies; a layer count whose kinds cancel in the total still sizes its tensors)."""
+    tied copies; a layer count whose kinds cancel in the total still sizes its tensors); with `active` false, only
+    those the model's tensors need, not the copies one token visits (k)."""
     from symparam.components import walk
 
     found: set[sp.Symbol] = set()
     for node, *_ in walk(tree):
-        for e in (*node.shape, node.times, node.active_times):
+        for e in (*node.shape, node.times, *((node.active_times,) if active else ())):
             found |= sp.sympify(e).free_symbols
     return found
 
@@ -232,8 +238,11 @@ class Values:
             value = self.per_layer(symbol)
         else:
             key = next((k for k in s.keys if self.read(k) is not None), None)
+            listed = self.listed_length(symbol)
             if key is not None:
                 value = _check(self.recipe, symbol, key, self.read(key))
+            elif listed is not None:
+                value = listed
             elif s.fallback is not None:
                 value = self._default(symbol, required)
                 if value is None:
@@ -245,6 +254,12 @@ class Values:
                 return None
         self.known[symbol] = value
         return value
+
+    def listed_length(self, symbol: str) -> int | None:
+        """The length of the first per-layer list the config gives whose length sets `symbol` ([lists] sets = true:
+        Nemotron-H's layers_block_type, as transformers derives num_hidden_layers from it); None if it gives none."""
+        given = (self.read(key) for key, spec in self.recipe.lists.items() if spec["sets"] and spec["length"] == symbol)
+        return next((len(v) for v in given if isinstance(v, (list, str)) and v), None)
 
     def maybe(self, symbol: str) -> int | None:
         """A value the model does not need but other figures read (the window, d_ff of an estimate): None if unset or unusable."""
@@ -306,21 +321,43 @@ def _check(recipe: Recipe, symbol: str, field: str, value: Any) -> int:
     return value
 
 
-def _check_lists(recipe: Recipe, config: dict[str, Any], values: dict[str, int]) -> None:
-    """Per-layer lists (layer_types, ...): one entry per layer, each a kind the family knows."""
-    read = lookup_in(config)
+def legacy_kinds(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
+    """The config with the legacy kind names of its per-layer lists read as transformers reads them ([lists] aliases:
+    Nemotron-H's "mamba" is "linear_attention")."""
+    out = dict(config)
     for key, spec in recipe.lists.items():
-        given = read(key)
-        if given is None:
+        if spec["aliases"] and isinstance(out.get(key), list):
+            out[key] = [spec["aliases"].get(kind, kind) if isinstance(kind, str) else kind for kind in out[key]]
+    return out
+
+
+def _check_lists(recipe: Recipe, config: dict[str, Any], values: Values, given: set[str]) -> None:
+    """Per-layer lists (layer_types, ...): one entry per layer, each a kind the family knows; a list of one-character
+    kinds may be a string (Nemotron-H's hybrid_override_pattern "M-M*"). Of the lists that set one symbol, transformers
+    reads the first the config gives and ignores the rest (layers_block_type before hybrid_override_pattern)."""
+    read = lookup_in(config)
+    chosen: set[str] = set()
+    for key, spec in recipe.lists.items():
+        entries = read(key)
+        if entries is None or spec["sets"] and spec["length"] in chosen:
             continue
-        if not isinstance(given, list):
-            raise SymparamError(f"{key}: expected a list, got {json.dumps(given)}")
-        length = parse(spec["length"], known=make).xreplace(as_subs(values))
-        if length.is_Integer and len(given) != int(length):
-            raise SymparamError(f"{key}: has {len(given)} entries, expected {spec['length']} = {length}")
-        for i, kind in enumerate(given):
+        if spec["sets"]:
+            chosen.add(spec["length"])
+        letters = spec["values"] is not None and all(len(v) == 1 for v in spec["values"])
+        if not isinstance(entries, list) and not (letters and isinstance(entries, str)):
+            raise SymparamError(f"{key}: expected a list{' or a string' if letters else ''}, got {json.dumps(entries)}")
+        formula = parse(spec["length"], known=make)
+        length = formula.xreplace(as_subs({str(x): values.get(str(x)) for x in formula.free_symbols}))
+        if length.is_Integer and len(entries) != int(length):
+            symbol = recipe.symbols.get(spec["length"])
+            said = next((k for k in symbol.keys if read(k) is not None), None) if symbol else None
+            where = f" ({said} = {length})" if said else f" = {length}"
+            default = "" if key.split(".")[0] in given else " (transformers' default, the config gives none)"
+            raise SymparamError(f"{key}: has {len(entries)} entries{default}, expected {spec['length']}{where}")
+        for i, kind in enumerate(entries):
             if spec["values"] is not None and kind not in spec["values"]:
-                raise SymparamError(f"{key}: unknown kind {kind!r} at layer {i}; known: {', '.join(spec['values'])}")
+                legacy = f" (and the legacy {', '.join(spec['aliases'])})" if spec["aliases"] else ""
+                raise SymparamError(f"{key}: unknown kind {kind!r} at layer {i}; known: {', '.join(spec['values'])}{legacy}")
 
 
 def _one_variant_per_layer(recipe: Recipe, values: Values) -> None:

@@ -168,3 +168,29 @@ def test_hub_options_refuse_bad_input_offline(capsys, monkeypatch, tmp_path, arg
         monkeypatch.delenv(key, raising=False)
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == "" and err.count("\n") == 1 and says in err
+
+
+def test_a_config_without_k_counts_its_total_and_says_active_is_unknown(capsys, tmp_path):
+    """DeepSeek-V3's published config without num_experts_per_tok: every command that needs only the total works; active
+    is JSON null with a note, and what needs one token's share says which field is missing."""
+    deepseek = json.loads((Path(symparam.__file__).parent / "presets" / "deepseek-v3.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in deepseek.items() if k != "num_experts_per_tok"}))
+    code, out, _ = run(capsys, "count", "--config", str(path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["total"] == 671_026_404_352 and data["active"] is None and data["active_without_embedding"] is None  # DESIGN.md's figure
+    assert data["notes"] == ["Active (one token): unknown, the config does not set num_experts_per_tok (k); the total does not need it."]
+    assert data["active_components"]["routed experts"] is None
+    code, out, _ = run(capsys, "count", "--config", str(path))
+    assert code == 0 and "active                         unknown (without num_experts_per_tok)" in out.splitlines()
+    code, out, _ = run(capsys, "derive", "--config", str(path), "--markdown")
+    assert code == 0 and "| $k$ | experts per token | not set |" in out and "671{,}026{,}404{,}352" in out
+    code, out, _ = run(capsys, "sweep", "--config", str(path), "--grid", "N=61,62")
+    assert code == 0 and out.splitlines()[:2] == ["N,total", "61,671026404352"]
+    code, out, _ = run(capsys, "plot", "--config", str(path), "-o", str(tmp_path / "p.png"), "--json")
+    assert code == 0 and (tmp_path / "p.png").stat().st_size > 0
+    code, out, _ = run(capsys, "memory", "--config", str(path), "--json")
+    assert code == 0 and json.loads(out)
+    for argv in (["flops"], ["shapes", "--seq", "4"]):
+        code, out, err = run(capsys, *argv, "--config", str(path))
+        assert code == 2 and out == "" and err.startswith("symparam: error: num_experts_per_tok: missing (experts per token)") and err.count("\n") == 1

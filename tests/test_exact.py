@@ -50,7 +50,7 @@ def per_tensor(config: dict[str, Any]) -> tuple[dict[str, int], dict[str, Fracti
     for leaf, copies, _, name in leaves(model.tree):
         if leaf.counted:
             total[name] = total.get(name, 0) + evaluate(copies * leaf.each, subs)
-    for leaf, copies, _, name in leaves(model.tree, active=True):
+    for leaf, copies, _, name in leaves(model.tree, active=True) if not model.unknown else ():  # no k: no active figures
         if leaf.counted:
             active[name] = active.get(name, Fraction(0)) + evaluate(copies * leaf.each, subs)
     return {k: v for k, v in total.items() if v}, {k: v for k, v in active.items() if v}
@@ -128,3 +128,41 @@ def test_multimodal_wrapper_counts_its_language_model_per_tensor(wrapper, family
     text_type = config[REGISTRY.family(family).wrappers[wrapper].get("config", "text_config")].get("model_type")
     assert model.recipe.family == (REGISTRY.for_model_type(text_type).family if text_type in REGISTRY.by_type else family)  # mistral3 wraps "mistral"
     assert model.scope == {"scope": "language model", "wrapper": wrapper}
+
+
+NEMOTRON_KINDS = ("mamba", "attention", "moe", "mlp", "linear_attention", "full_attention")  # legacy and current names
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=st.lists(st.sampled_from(NEMOTRON_KINDS), min_size=1, max_size=7), pattern=st.booleans())
+def test_nemotron_layer_list_without_num_hidden_layers_equals_oracle(kinds, pattern):
+    """Nemotron 3's form: layers_block_type (legacy kinds "mamba" and "attention" included) or the hybrid_override_pattern
+    string, and no num_hidden_layers: transformers builds one layer per entry, and so does symparam."""
+    config = {k: v for k, v in default_config("nemotron_h").items() if k not in ("num_hidden_layers", "layers_block_type", "layer_types")}
+    letters = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
+    config.update({"hybrid_override_pattern": "".join(letters[k] for k in kinds)} if pattern else {"layers_block_type": kinds})
+    assert_same(config, oracle(config))
+    assert symparam.load(config).values["N"] == len(kinds)
+
+
+def test_a_total_never_waits_for_k():
+    """DeepSeek-V2 without num_experts_per_tok (transformers' default is null and builds): the total is exact, per tensor,
+    and active is unknown, not refused."""
+    config = {**default_config("deepseek_v2"), "num_experts_per_tok": None}
+    reference = oracle(config)
+    model = symparam.load(config)
+    total, active = per_tensor(config)
+    assert total == {k: v for k, v in reference.tensors.items() if v} and active == {}
+    count = model.count()
+    assert (count.total, count.active, count.active_without_embedding) == (reference.total, None, None)
+    assert count.active_components["routed experts"] is None and count.active_components["attention"] == count.components["attention"]
+    assert model.unknown == {"k": "num_experts_per_tok"}
+
+
+def test_k_may_count_the_zero_experts_a_router_chooses_from():
+    """LongCat-Flash's router picks moe_topk of the routed and the zero (identity) experts: 12 of 8 routed + 256 zero is
+    a real config (transformers builds it), counted exactly."""
+    config = {**default_config("longcat_flash"), "n_routed_experts": 8, "zero_expert_num": 256, "moe_topk": 12}
+    assert_same(config, oracle(config, **hints("longcat_flash").get("oracle", {})))
+    with pytest.raises(SymparamError, match=r"moe_topk: 265 is more than the 8 routed plus 256 zero experts"):
+        symparam.load({**config, "moe_topk": 265})

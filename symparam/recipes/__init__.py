@@ -544,7 +544,7 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
         architectures=_strings(full.get("architectures", []), f"{source}: architectures"),
         wrappers={name: dict(spec) for name, spec in wrappers.items()},
         lists=_lists(full, source),
-        checks={str(k): str(v) for k, v in _table(full, "checks", source).items()},
+        checks={str(k): str(v) for k, v in _table(full, "checks", source).items() if v is not False},  # false removes an inherited check
         names=_names(source, full.get("names", {})),
         zh={str(k): str(v) for k, v in _table(full, "zh", source).items()},
         source=source,
@@ -554,12 +554,21 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
 
 
 def _lists(data: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
-    """[lists]: per-layer config lists (layer_types, ...): their length formula and the values they may hold."""
+    """[lists]: per-layer config lists (layer_types, ...): their length formula, the values they may hold, and the legacy
+    names of kinds that transformers reads as others (remap_legacy_layer_types: "mamba" is "linear_attention")."""
     out = {}
     for key, spec in _table(data, "lists", source).items():
-        if not isinstance(spec, dict) or set(spec) - {"length", "values"}:
-            raise SymparamError(f"{source}: [lists] {key}: expected {{ length = \"N\", values = [...] }}")
-        out[key] = {"length": str(spec.get("length", "N")), "values": list(spec["values"]) if "values" in spec else None}
+        where = f"{source}: [lists] {key}"
+        if not isinstance(spec, dict) or set(spec) - {"length", "values", "aliases", "sets"}:
+            raise SymparamError(f"{where}: expected {{ length = \"N\", values = [...], aliases = {{ old = \"new\" }}, sets = true }}")
+        aliases = spec.get("aliases", {})
+        if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()) or "." in key and aliases:
+            raise SymparamError(f"{where}: aliases must be a table of kind names (old = \"new\") of a top-level key")
+        length = str(spec.get("length", "N"))
+        if not isinstance(spec.get("sets", False), bool) or spec.get("sets") and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", length):
+            raise SymparamError(f"{where}: sets = true needs a length that is one symbol (length = \"N\")")
+        out[key] = {"length": length, "values": list(spec["values"]) if "values" in spec else None, "aliases": dict(aliases),
+                    "sets": bool(spec.get("sets", False))}
     return out
 
 
