@@ -153,13 +153,25 @@ def test_bad_layer_layout_names_the_field(capsys, tmp_path, config, names):
     assert names in err, err
 
 
-def test_a_wrapper_config_without_its_text_config_is_one_line(capsys, tmp_path):
-    recipe, config = tmp_path / "r.toml", tmp_path / "config.json"
-    recipe.write_text('family = "w"\nmodel_types = ["w_text"]\nextends = "llama"\n[wrappers]\nw_vlm = { config = "text_config" }\n')
-    config.write_text(json.dumps({"model_type": "w_vlm", "vision_config": {}}))
-    assert main(["count", "--recipe", str(recipe), "--config", str(config)]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err == "symparam: error: text_config: missing; a w_vlm config keeps its language model there\n"
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"model_type": "llava", "vision_config": {}}, "text_config: missing; a llava config keeps its language model (llama) there"),
+        ({"model_type": "llava", "text_config": {}}, "text_config: empty; a llava config keeps the config of its language model (llama) there"),
+        ({"model_type": "llava", "text_config": [1, 2]}, "text_config: expected an object, the config of a llava config's language model (llama); got [1, 2]"),
+        ({"model_type": "llava", "text_config": "llama"}, 'text_config: expected an object'),
+        ({"model_type": "my_vlm", "text_config": {"model_type": "not_a_model", "hidden_size": 64}}, "text_config.model_type: unsupported 'not_a_model'; nearest families"),
+        ({"model_type": "my_vlm", "text_config": {"hidden_size": 64}}, "text_config.model_type: unsupported None"),
+        ({"model_type": "florence2", "text_config": {"model_type": "bart"}}, "text_config.model_type: 'bart' is out of scope: the decoder of an encoder-decoder model"),
+        ({"model_type": "jev", "text_config": {"model_type": "qwen3_5_text"}}, "model_type: a jev config is not counted: a decision model"),
+        ({"model_type": "my_vlm", "tie_word_embeddings": "yes", "text_config": LLAMA}, "tie_word_embeddings: expected true or false, got \"yes\""),
+        ({"model_type": "ovis2", "tie_word_embeddings": False, "text_config": LLAMA},
+         "vocab_size: this ovis2 config sizes its untied LM head by its own vocab_size (151643) and its language model by text_config's (32000)"),
+    ],
+)
+def test_a_wrapper_without_a_language_model_it_can_count_is_one_line(capsys, tmp_path, config, says):
+    """A multimodal config whose language sub-config is missing, empty, not an object or of a type no family reads."""
+    assert says in config_error(capsys, tmp_path, json.dumps(config))
 
 
 def test_a_json_document_nested_100000_deep_is_the_usual_error(capsys, tmp_path):
