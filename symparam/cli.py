@@ -79,6 +79,8 @@ def source(args: argparse.Namespace) -> Named:
     else:
         return Named({}, recipe, recipe.title, None)
     if args.read_as:
+        if args.read_as.replace("-", "_") not in REGISTRY.by_family:
+            raise SymparamError(f"--as: unknown family {args.read_as!r}; `symparam list` shows the {len(REGISTRY.by_family)} families")
         recipe = REGISTRY.family(args.read_as)
         raw, note = read_as(raw, recipe)
         return Named(raw, recipe, name, origin, note)

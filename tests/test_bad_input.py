@@ -84,6 +84,9 @@ def test_bad_config_names_the_field(capsys, tmp_path, text, names):
         (["count"], "--model"),
         (["count", "--model", "gpt2", "--arch", "llama"], "model_type: 'gpt2' is not a llama config"),
         (["derive", "--model", "nope", "--markdown"], "nope"),
+        (["count", "--model", "gpt2", "--as", "nope"], "--as: unknown family 'nope'"),
+        (["count", "--arch", "llama", "--as", "qwen3"], "--as: give it with --model or --config, not with --arch or --recipe"),
+        (["count", "--as", "qwen3"], "--as: reads a config as a family; give --model NAME or --config FILE"),
     ],
 )
 def test_bad_arguments_name_the_problem(capsys, argv, names):

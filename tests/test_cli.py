@@ -233,6 +233,10 @@ def test_a_config_without_k_counts_its_total_and_says_active_is_unknown(capsys, 
     assert code == 0 and (tmp_path / "p.png").stat().st_size > 0
     code, out, _ = run(capsys, "memory", "--config", str(path), "--json")
     assert code == 0 and json.loads(out)
+    code, out, _ = run(capsys, "solve", "--config", str(path), "--target", "600e9", "--for", "N")
+    assert code == 0 and "<- closest" in out
+    code, out, _ = run(capsys, "sensitivity", "--config", str(path), "--for", "N", "--json")
+    assert code == 0 and json.loads(out)[0]["symbol"] == "N"
     for argv in (["flops"], ["shapes", "--seq", "4"]):
         code, out, err = run(capsys, *argv, "--config", str(path))
         assert code == 2 and out == "" and err.startswith("symparam: error: num_experts_per_tok: missing (experts per token)") and err.count("\n") == 1
