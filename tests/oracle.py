@@ -295,3 +295,76 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
             name = name.rpartition(".")[0]
         out[name] = out.get(name, 0) + nbytes
     return out
+
+
+def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf16", batch: int = 1, seq: int = 2048,
+              checkpointing: bool = False, fake: bool = True) -> tuple[int, str]:
+    """The most live tensor bytes at any moment of the second training step of a transformers model (forward with the
+    loss, backward, optimizer.step(), zero_grad(set_to_none=True), the outputs dropped), measured by a dispatch mode that
+    follows every storage until it is freed; under FakeTensorMode (full size without memory) or for real. The model's
+    non-persistent buffers are left out (symparam leaves them out); with it, the phase and operation of the peak."""
+    import contextlib
+    import weakref
+
+    import transformers
+    import transformers.masking_utils as masking
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Live(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.live = self.peak = 0
+            self.where, self.phase, self.refs = "", "", {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    s = t.untyped_storage()
+                    if id(s) not in self.refs:
+                        n = s.nbytes()
+                        self.live += n
+                        self.refs[id(s)] = weakref.ref(s, lambda _, key=id(s), n=n: self.free(key, n))
+                        if self.live > self.peak:
+                            self.peak, self.where = self.live, f"{self.phase}: {func}"
+            return out
+
+        def free(self, key: int, n: int) -> None:
+            self.live -= n
+            self.refs.pop(key, None)
+
+    make = {
+        "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4, foreach=True),
+        "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, foreach=True),
+        "adafactor": lambda p: torch.optim.Adafactor(p, lr=1e-3, foreach=False),
+    }[optimizer]
+    cfg = hf_config(config)
+    packed = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None  # a batch without packing: what the real run finds,
+    live = Live()                                                     # which fake tensors cannot evaluate
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), live:
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+            if checkpointing:
+                model.gradient_checkpointing_enable()
+            buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
+            opt = make(list(model.parameters()))
+            ids = torch.randint(0, cfg.get_text_config().vocab_size, (batch, seq))
+            labels = ids.clone()
+            for step in range(2):
+                if step == 1:
+                    live.peak = live.live
+                live.phase = f"forward {step + 1}"
+                out = model(input_ids=ids, labels=labels)
+                live.phase = f"backward {step + 1}"
+                out.loss.backward()
+                live.phase = f"optimizer step {step + 1}"
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del out
+    finally:
+        masking.find_packed_sequence_indices = packed
+    return live.peak - buffers, live.where
