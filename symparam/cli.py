@@ -182,6 +182,11 @@ def add_memory(parser: argparse.ArgumentParser) -> None:
     add_context(parser)
     parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences held at once (default 1)")
     add_quant(parser)
+    train = parser.add_argument_group("training step")
+    train.add_argument("--train", action="store_true", help="a training step: activations, gradients, optimizer states and its peak (--seq and --batch)")
+    train.add_argument("--optimizer", default=None, metavar="NAME", help="optimizer convention: adamw (default), adamw-mixed, adamw-megatron, sgd, adafactor, adamw-8bit")
+    train.add_argument("--attention", default=None, choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
+    train.add_argument("--checkpointing", default=None, choices=("none", "full"), help="activation checkpointing of the decoder layers (default none)")
 
 
 def add_quant(parser: argparse.ArgumentParser) -> None:
@@ -203,7 +208,14 @@ def add_plot(parser: argparse.ArgumentParser) -> None:
 def cmd_memory(args: argparse.Namespace) -> str:
     from symparam import memory
 
-    report = memory.report(model_from(args), args.dtype, args.seq, args.batch, args.quant)
+    options = {"--optimizer": args.optimizer, "--attention": args.attention, "--checkpointing": args.checkpointing}
+    given = [name for name, value in options.items() if value is not None]
+    if given and not args.train:
+        raise SymparamError(f"{given[0]}: describes a training step; add --train")
+    if args.train and args.seq is None:
+        raise SymparamError("--train: give --seq S (and --batch B): a training step's activations grow with them")
+    train = memory.Train(args.optimizer or "adamw", args.attention or "sdpa", args.checkpointing or "none") if args.train else None
+    report = memory.report(model_from(args), args.dtype, args.seq, args.batch, args.quant, train)
     return json.dumps(report, indent=2) if args.json else memory.text(report)
 
 

@@ -16,6 +16,18 @@ from symparam.symbols import B, S, W, b, evaluate
 
 
 @dataclass(frozen=True)
+class Train:
+    """How a training step runs: the optimizer convention (conventions/optimizers.toml), attention backend, checkpointing."""
+
+    optimizer: str = "adamw"
+    attention: str = "sdpa"
+    checkpointing: str = "none"
+
+
+TRAIN_DTYPES = ("bf16", "fp32", "fp16")  # what a model can run a training step in
+
+
+@dataclass(frozen=True)
 class DType:
     """A storage format: bytes per value (exact, 1/2 for int4) and what the figure leaves out."""
 
@@ -35,16 +47,6 @@ DTYPES: dict[str, DType] = {
         DType("int4", sp.Rational(1, 2), "4-bit integer, two weights per byte; group scales not included: one fp16 scale per group of 128 weights adds 2/128 byte per weight (+3.1%), 32-weight groups or zero-points add more"),
     )
 }
-
-# Mixed-precision Adam (Micikevicius et al. 2018; the ZeRO paper's 2 + 2 + 12 = 16 bytes per parameter).
-TRAINING: tuple[tuple[str, int], ...] = (
-    ("weights (bf16)", 2),
-    ("gradients (bf16)", 2),
-    ("fp32 master weights", 4),
-    ("Adam first moment m (fp32)", 4),
-    ("Adam second moment v (fp32)", 4),
-)
-TRAINING_CONVENTION = "mixed-precision Adam: bf16 weights and gradients, fp32 master copy and two fp32 moments, 16 bytes per parameter; activations, temporary buffers and framework overhead not included"
 
 GB, GiB = 10**9, 2**30
 
@@ -75,11 +77,6 @@ def weights(model: Model) -> sp.Expr:
     return model.total * b
 
 
-def training(model: Model) -> sp.Expr:
-    """Weights, gradients and Adam state in bytes, by the TRAINING convention."""
-    return model.total * sum(n for _, n in TRAINING)
-
-
 def whole_bytes(count: int, per_value: sp.Rational) -> int:
     """Bytes for `count` stored values; half bytes (odd int4 counts) round up to a whole byte."""
     return int(sp.ceiling(count * per_value))
@@ -90,7 +87,8 @@ def sizes(n_bytes: int) -> dict[str, Any]:
     return {"bytes": n_bytes, "GB": float(f"{n_bytes / GB:.6g}"), "GiB": float(f"{n_bytes / GiB:.6g}")}
 
 
-def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch: int = 1, quant: str | None = None) -> dict[str, Any]:
+def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch: int = 1, quant: str | None = None,
+           train: Train | None = None) -> dict[str, Any]:
     """Every memory figure of a configured model, with its formula; `seq` defaults to the model's maximum context. The
     weights are the checkpoint's stored layout where the config carries a quantization_config or `quant` names a
     format (storage.py), else the parameters times the dtype's bytes."""
@@ -123,11 +121,6 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
         "formula": str(state_values(model) * b),
         "parts": [{"module": h.path, "layers": exact(h.copies), "per_sequence_per_layer_values": exact(sp.sympify(h.fact["size"])), "what": h.fact.get("what", "")} for h in states],
     }
-    train = {
-        **sizes(exact(training(model))),
-        "convention": TRAINING_CONVENTION,
-        "parts": {name: sizes(parameters * n) for name, n in TRAINING},
-    }
     weight = {**sizes(whole_bytes(parameters, t.bytes)), "formula": "parameters*b", "note": t.note}
     layout = storage.layout(model, quant)
     stored = layout.report(model.values or {}) if layout is not None else None
@@ -144,13 +137,61 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
         "weights_bytes": weight["bytes"],
         "kv_cache_bytes": kv["bytes"],
         "state_bytes": state["bytes"],
-        "training_bytes": train["bytes"],
         "weights": weight,
         "kv_cache": kv,
         "state": state,
-        "training": train,
         "stored": stored,
+        **(step_report(model, t.name, subs, train) if train is not None else {}),
         "units": "GB = 10^9 bytes, GiB = 2^30 bytes",
+    }
+
+
+def step_report(model: Model, dtype_name: str, subs: dict, train: Train) -> dict[str, Any]:
+    """The training step's figures (training.py): activations per module, the terms, and the peak, each with its formula."""
+    from symparam.memory.activations import CHECKPOINTING
+    from symparam.memory.trace import Mode
+    from symparam.memory.training import optimizer, training
+
+    if dtype_name not in TRAIN_DTYPES:
+        raise SymparamError(f"--dtype: a training step runs in {', '.join(TRAIN_DTYPES)}, not {dtype_name}")
+    if train.attention not in ("sdpa", "eager"):
+        raise SymparamError(f"--attention: unknown {train.attention!r}; known: sdpa, eager")
+    opt = optimizer(train.optimizer)
+    step = training(model, opt, Mode(act=dtype_name, attention=train.attention), train.checkpointing, {B: subs[B], S: subs[S]})
+
+    def exact(expr: sp.Expr) -> int:
+        return evaluate(expr, subs, f"{model.name}: {expr}")
+
+    a = step.activations
+    mode = f"{step.act} weights and activations, attn_implementation={train.attention}, use_cache={'off' if train.checkpointing != 'none' else bool(model.config.get('use_cache'))}"
+    activations = {
+        **sizes(exact(a.formula)),
+        "formula": str(a.formula),
+        "convention": f"bytes autograd keeps for backward in one training forward with the loss (transformers' implementation, {mode}): "
+                      f"each storage once, parameters excluded, fp32 upcasts (norms, softmax, the loss's fp32 logits) included; {CHECKPOINTING[train.checkpointing]}",
+        "assumes": [str(c) for c in step.assumed],
+        "kernels": [{"module": m, "note": n} for m, n in a.kernels],
+        "parts": [{"module": p.module, "layers": exact(p.layers), "bytes": exact(p.total), "per_layer_bytes": exact(p.bytes),
+                   "formula": str(p.total)} for p in a.parts if exact(p.total)],
+    }
+    peak_name, peak_bytes, peak_formula = step.peak(subs)
+    terms = {"weights": step.weights, "gradients": step.gradients, "optimizer_states": step.states, "activations": a.formula, "loss_peak": step.loss_peak}
+    total = step.weights + step.gradients + step.states + a.formula
+    return {
+        "activations": activations,
+        "training": {
+            **sizes(exact(total)),
+            "formula": str(sp.expand(total)),
+            "peak_bytes": peak_bytes,
+            "peak_at": peak_name,
+            "peak_formula": str(peak_formula),
+            "convention": f"{opt.title} ({opt.source}); {mode}; a step from the second on: forward, backward, optimizer.step(), "
+                          "zero_grad(set_to_none=True), the outputs dropped; live bytes are tensor storages (non-persistent buffers, "
+                          "the CUDA context and the allocator's cache left out)",
+            "parts": {name: {**sizes(exact(e)), "formula": str(e)} for name, e in terms.items()},
+            "moments": [{"at": name, **sizes(exact(e)), "formula": str(e), "live": what} for name, e, what in step.moments],
+            "optimizer": opt.name,
+        },
     }
 
 
@@ -171,12 +212,29 @@ def text(r: dict[str, Any]) -> str:
         *[f"{'':<10} {p['layers']:,} layers ({p['module']}): {p['per_token_per_layer_values']:,} values per token per layer ({p['what']})" for p in kv["parts"]],
         f"{'':<10} grows with S = {r['seq']:,} tokens, B = {r['batch']} sequence(s){window}",
         *([row("state", r["state"]) + f"    = {r['state']['formula']}"] + [f"{'':<10} {p['layers']:,} layers ({p['module']}): {p['per_sequence_per_layer_values']:,} values per sequence per layer, whatever S ({p['what']})" for p in r["state"]["parts"]] if r["state"]["parts"] else []),
-        row("training", r["training"]) + "    = 16 * parameters",
-        f"{'':<10} {r['training']['convention']}",
+        *(step_lines(r, row) if "training" in r else [f"{'':<10} (a training step, activations included: --train --seq S --batch B)"]),
+        "units: GB = 10^9 bytes, GiB = 2^30 bytes",
     ]
-    lines.append(f"{'':<10} = " + " + ".join(f"{name} {decimal(Fraction(part['bytes'], GB), 3)} GB" for name, part in r["training"]["parts"].items()))
-    lines.append("units: GB = 10^9 bytes, GiB = 2^30 bytes")
     return "\n".join(lines)
+
+
+def step_lines(r: dict[str, Any], row: Any) -> list[str]:
+    """The training step in labelled lines: activations per module, the terms, the moments and the peak."""
+    pad = " " * 11
+    a, t = r["activations"], r["training"]
+    lines = [row("activations", a) + f"    = {a['formula']}", f"{pad}{a['convention']}"]
+    lines += [f"{pad}where {', '.join(a['assumes'])}"] if a["assumes"] else []
+    width = max((len(p["module"] or "(loss)") for p in a["parts"]), default=0)
+    lines += [f"{pad}{p['module'] or '(loss)':<{width}} {p['bytes']:>18,}  = {p['layers']:,} x {p['per_layer_bytes']:,}" if p["layers"] != 1
+              else f"{pad}{p['module'] or '(loss)':<{width}} {p['bytes']:>18,}" for p in a["parts"]]
+    lines += [f"{pad}{k['module']}: {k['note']}" for k in a["kernels"]]
+    for name, label in (("weights", "weights"), ("gradients", "gradients"), ("optimizer_states", "optimizer states"), ("loss_peak", "loss peak")):
+        lines.append(row(label, t["parts"][name]) + f"    = {t['parts'][name]['formula']}")
+    lines.append(row("step", t) + "    = weights + gradients + optimizer states + activations")
+    lines.append(row("peak", {"bytes": t["peak_bytes"]}) + f"    at {t['peak_at']}")
+    lines += [f"{pad}{m['at']}: {m['bytes']:,} ({m['live']})" for m in t["moments"]]
+    lines.append(f"{pad}{t['convention']}")
+    return lines
 
 
 def stored_lines(stored: dict[str, Any]) -> list[str]:
@@ -194,4 +252,4 @@ def stored_lines(stored: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["DTYPES", "TRAINING", "kv_values", "kv_cache", "state_values", "weights", "training", "report", "sizes", "whole_bytes", "text"]
+__all__ = ["DTYPES", "TRAIN_DTYPES", "Train", "kv_values", "kv_cache", "state_values", "weights", "report", "sizes", "whole_bytes", "text"]

@@ -101,9 +101,14 @@ def entry_bytes(entries: tuple[dict[str, Any], ...], tensor: Tensor, act: str, v
     return total
 
 
-def shared_bytes(entries: tuple[dict[str, Any], ...]) -> sp.Expr:
-    """Bytes of the entries the optimizer keeps once for all parameters (bitsandbytes' quantization maps)."""
-    return sp.Add(*(parse(str(e["size"])) * BYTES[e["dtype"]] for e in entries if e.get("shared")))
+def shared_bytes(entries: tuple[dict[str, Any], ...], tensors: list[Tensor], values: Mapping[str, Any]) -> sp.Expr:
+    """Bytes of the entries the optimizer keeps once for all parameters (bitsandbytes' quantization maps), where some
+    parameter tensor meets their `when`."""
+    def needed(e: dict[str, Any]) -> bool:
+        rule = compile_rule(e["when"], f"optimizers.toml {e['name']}.when") if "when" in e else None
+        return rule is None or any(rule({"numel": evaluate(x.numel, values), "dims": len(x.shape), "last": evaluate(x.shape[-1], values)}.get) for x in tensors)
+
+    return sp.Add(*(parse(str(e["size"])) * BYTES[e["dtype"]] for e in entries if e.get("shared") and needed(e)))
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,20 @@ class Step:
         return max(figures, key=lambda f: f[1])
 
 
+def terms(model: Any, opt: Optimizer, act: str, trainable: Callable[[str], bool] | None = None) -> tuple[sp.Expr, ...]:
+    """Bytes of the weights, the gradients, the optimizer states and the step's temporaries, as formulas."""
+    tensors = parameter_tensors(model.tree, trainable)
+    values = model.values
+    weight_bytes = BYTES[opt.dtype(opt.weights, act)]
+    grad_bytes = BYTES[opt.dtype(opt.gradients, act)]
+    trained = [x for x in tensors if x.trainable]
+    weights = sp.Add(*(x.count * x.numel * weight_bytes for x in tensors))
+    gradients = sp.Add(*(x.count * x.numel * grad_bytes for x in trained))
+    states = sp.Add(*(x.count * entry_bytes(opt.states, x, act, values) for x in trained)) + shared_bytes(opt.states, trained, values)
+    temporaries = sp.Add(*(x.count * entry_bytes(opt.temporaries, x, act, values) for x in trained))
+    return tuple(sp.expand(e) for e in (weights, gradients, states, temporaries))
+
+
 def training(model: Any, opt: Optimizer, mode: Mode = Mode(), checkpointing: str = "none",
              context: Mapping[sp.Symbol, int] | None = None) -> Step:
     """Every term of a training step and its peak, for a model with values; `context` gives S and B for branches."""
@@ -137,16 +156,8 @@ def training(model: Any, opt: Optimizer, mode: Mode = Mode(), checkpointing: str
     mode = Mode(act=act, attention=mode.attention, trainable=mode.trainable, use_cache=use_cache)
     t = trace(model, mode, context)
     act_kept = Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
-    tensors = parameter_tensors(model.tree, mode.trainable)
-    values = model.values
-    weight_bytes = BYTES[act]
-    grad_bytes = BYTES[opt.dtype(opt.gradients, act)]
-    weights = sp.Add(*(x.count * x.numel * weight_bytes for x in tensors))
-    trained = [x for x in tensors if x.trainable]
-    gradients = sp.Add(*(x.count * x.numel * grad_bytes for x in trained))
-    states = sp.Add(*(x.count * entry_bytes(opt.states, x, act, values) for x in trained)) + (shared_bytes(opt.states) if trained else 0)
-    temporaries = sp.Add(*(x.count * entry_bytes(opt.temporaries, x, act, values) for x in trained))
-    return _moments(model, t, opt, act, sp.expand(weights), sp.expand(gradients), sp.expand(states), sp.expand(temporaries), act_kept)
+    weights, gradients, states, temporaries = terms(model, opt, act, mode.trainable)
+    return _moments(model, t, opt, act, weights, gradients, states, temporaries, act_kept)
 
 
 def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, gradients: sp.Expr, states: sp.Expr,
@@ -168,7 +179,7 @@ def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, g
     closures = {s.ident: s for call in t.layers for s in call.arguments if s.ident not in kept_ids} if activations.checkpointing != "none" else {}
     arguments = sp.Add(*(s.copies * s.bytes for s in closures.values()))  # alive in the recompute closures, not saved
     loss = base + (activations.formula - saved_inputs - loss_saves) + held_bytes + arguments + loss_peak
-    end = base + all_held + gradients + embedding_gradient(t, model, gradients)
+    end = base + all_held + gradients + embedding_gradient(t, model, gradients) + 4  # backward() holds the loss's gradient to its end
     step = base + all_held + gradients + temporaries
     moments = (
         ("loss backward", sp.expand(loss), "weights, optimizer states, the batch, every kept activation but the loss's own, the outputs the caller holds, and the loss head's fp32 gradients"),
@@ -192,4 +203,4 @@ def embedding_gradient(t: Trace, model: Any, gradients: sp.Expr) -> sp.Expr:
     return 2 * weight.numel * BYTES[out.dtype] if tied else out.storage.copies * out.numel * BYTES[out.dtype]
 
 
-__all__ = ["Optimizer", "optimizers", "optimizer", "Tensor", "parameter_tensors", "Step", "training"]
+__all__ = ["Optimizer", "optimizers", "optimizer", "Tensor", "parameter_tensors", "Step", "terms", "training"]
