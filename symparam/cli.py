@@ -103,13 +103,49 @@ def formula(expr: sp.Expr) -> str:
     return text(expr)
 
 
+def add_lora(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LoRA (as peft applies it)")
+    group.add_argument("--lora", type=int, metavar="R", help="LoRA adapters of rank R: the base frozen, only the adapters train")
+    group.add_argument("--lora-targets", metavar="NAMES", help="modules to adapt: q_proj,v_proj (peft's default for Llama-like models) or all-linear")
+    group.add_argument("--lora-alpha", type=int, default=8, metavar="A", help="peft's lora_alpha (default 8): the scaling alpha/r")
+    group.add_argument("--dora", action="store_true", help="DoRA: a magnitude vector per adapted module")
+
+
+def lora_from(args: argparse.Namespace, model: Model) -> Model:
+    """The model with the adapters --lora asks for (as peft's get_peft_model adds them), or as it is."""
+    from symparam.memory.lora import Lora, adapt
+
+    if args.lora is None:
+        for option, value in (("--lora-targets", args.lora_targets), ("--dora", args.dora or None)):
+            if value is not None:
+                raise SymparamError(f"{option}: describes LoRA adapters; add --lora R")
+        return model
+    targets = args.lora_targets or "q_proj,v_proj"
+    names = "all-linear" if targets == "all-linear" else tuple(t for t in targets.split(",") if t)
+    return adapt(model, Lora(args.lora, names, args.dora, args.lora_alpha))
+
+
+def trainable_report(model: Model) -> dict:
+    """What --lora trains: the adapters' parameters, their formula, where they sit, and peft's convention."""
+    from symparam.figures import percent
+    from symparam.memory.lora import adapted, trainable_parameters
+    from symparam.symbols import evaluate
+
+    formula = trainable_parameters(model)
+    n = evaluate(formula, model.substitution())
+    return {"count": n, "formula": str(formula), "share": percent(n, model.count().total), "adapted": adapted(model),
+            "convention": "peft 0.21 get_peft_model: lora_A [r, d_in] and lora_B [d_out, r] per adapted module (DoRA adds a "
+                          "magnitude [d_out]), fused experts and routers of converted MoE types adapted per parameter at "
+                          "[experts*r, in] and [out, experts*r] (rank 2r where two projections were fused), kept in float32"}
+
+
 def cmd_count(args: argparse.Namespace) -> str:
     from symparam.derive import grouped
     from symparam.figures import percent, scaled
 
     from symparam.render import note
 
-    model = model_from(args)
+    model = lora_from(args, model_from(args))
     count = model.count()
     notes = [note(key, fields) for key, fields in model.notes]
     stored, extras = as_stored(model, args.quant)
@@ -119,6 +155,8 @@ def cmd_count(args: argparse.Namespace) -> str:
         payload["formulas"] = {"total": str(model.total), "active": str(model.active), **{c: str(e) for c, e in model.components.items()}}
         payload["checkpoint_extras"] = extras
         payload["stored"] = stored
+        if args.lora is not None:
+            payload["trainable_parameters"] = trainable_report(model)
         return json.dumps(payload, indent=2)
     moe = count.active != count.total
     figures = [("total", count.total, "")]
@@ -135,6 +173,10 @@ def cmd_count(args: argparse.Namespace) -> str:
     if stored is not None:
         lines.append(f"{'stored as':<31}{stored['bytes']:>19,}  bytes ({stored['title']}, from {stored['source']}: "
                      f"{stored['tensor_count']:,} tensors; `symparam memory` lists them)")
+    if args.lora is not None:
+        t = trainable_report(model)
+        lines.append(f"{'trainable (LoRA adapters)':<31}{t['count']:>19,}  ({scaled(t['count'])}; {t['share']}% of the total) = {t['formula']}")
+        lines.append(f"  {t['convention']}; adapted: {', '.join(t['adapted'])}")
     tied = " (tied: stored once, in the input embedding)" if model.flags.get("tied") else ""
     shown = lambda n: "unknown" if n is None else f"{n:,}"  # noqa: E731
     rows = [(c + (tied if c == "LM head" else ""), formula(grouped(model.tree, bucket=c)), f"{n:,}", f"{percent(n, count.total)}%", shown(count.active_components[c])) for c, n in count.components.items()]
@@ -187,6 +229,7 @@ def add_memory(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--optimizer", default=None, metavar="NAME", help="optimizer convention: adamw (default), adamw-mixed, adamw-megatron, sgd, adafactor, adamw-8bit")
     train.add_argument("--attention", default=None, choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
     train.add_argument("--checkpointing", default=None, choices=("none", "full"), help="activation checkpointing of the decoder layers (default none)")
+    add_lora(parser)
 
 
 def add_quant(parser: argparse.ArgumentParser) -> None:
@@ -215,7 +258,9 @@ def cmd_memory(args: argparse.Namespace) -> str:
     if args.train and args.seq is None:
         raise SymparamError("--train: give --seq S (and --batch B): a training step's activations grow with them")
     train = memory.Train(args.optimizer or "adamw", args.attention or "sdpa", args.checkpointing or "none") if args.train else None
-    report = memory.report(model_from(args), args.dtype, args.seq, args.batch, args.quant, train)
+    if args.lora is not None and not args.train:
+        raise SymparamError("--lora: describes a training step; add --train")
+    report = memory.report(lora_from(args, model_from(args)), args.dtype, args.seq, args.batch, args.quant, train)
     return json.dumps(report, indent=2) if args.json else memory.text(report)
 
 
@@ -401,7 +446,7 @@ def cmd_docs(args: argparse.Namespace) -> str:
 
 # name -> (help, add arguments, run); each run returns the text to print.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]] = {
-    "count": ("exact total, active and per-component parameter counts", lambda p: (add_source(p), add_quant(p)), cmd_count),
+    "count": ("exact total, active and per-component parameter counts", lambda p: (add_source(p), add_quant(p), add_lora(p)), cmd_count),
     "list": ("families and presets", lambda p: None, cmd_list),
     "memory": ("weights, KV cache and training memory in bytes, GB and GiB", add_memory, cmd_memory),
     "flops": ("forward and training FLOPs per token", lambda p: (add_source(p), add_context(p)), cmd_flops),

@@ -45,6 +45,7 @@ class Term:
     facts: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # per-module facts: ("cache", (("per_token", expr), ...))
     rows: sp.Expr | None = None  # positions this module runs on for S input tokens, where not S (BLT's patches S/p)
     code: Code | None = None  # what its forward computes (memory.trace interprets it)
+    lora: tuple | None = None  # a parameter peft's ParamWrapper adapts: (scaling, experts, lora_A path, lora_B path)
     dtype: str | None = None  # a leaf stored in this dtype whatever the model's ("F32": transformers keeps it in fp32)
     module: str | None = None  # the kind of module transformers builds here, where quantizers care: linear, experts, head, embedding, router
 

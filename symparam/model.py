@@ -79,6 +79,13 @@ class Model:
     def from_resolved(cls, r: Resolved) -> Model:
         return cls(r.recipe, r.flags, r.values, r.name, r.notes, r.scope, r.source, r.quantization, r.dtype, r.config, r.unknown)
 
+    def with_tree(self, tree: Term) -> Model:
+        """The same model (config, values, source) with another tree: peft's adapters added."""
+        other = Model(self.recipe, self.flags, self.values, self.name, self.notes, self.scope, self.source, self.quantization,
+                      self.dtype, self.config, self.unknown)
+        other.__dict__["tree"] = tree  # the cached property, set
+        return other
+
     def needs_active(self, what: str) -> None:
         """Refuse a figure of one token (FLOPs, the routed tokens' shapes) where the config does not set k."""
         for symbol, keys in self.unknown.items():

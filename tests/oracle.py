@@ -225,18 +225,34 @@ def oracle(config: dict[str, Any], **routing_hints: str) -> Oracle:
 
 
 @functools.cache
-def trained_model(config_json: str, dtype: str) -> nn.Module:
-    """The tiny random transformers model of a config on CPU, cast to `dtype` and in training mode (built once)."""
+def trained_model(config_json: str, dtype: str, lora_json: str = "null") -> nn.Module:
+    """The tiny random transformers model of a config on CPU, built in `dtype` as from_pretrained(dtype=...) builds it
+    (modules transformers keeps in float32 stay so), in training mode, once; with peft's LoRA adapters where
+    `lora_json` gives a LoraConfig's arguments."""
     import transformers
 
     torch.manual_seed(0)
     cfg = hf_config(json.loads(config_json))
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-    return model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
+    lora = json.loads(lora_json)
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(**lora))
+    return model.train()
+
+
+PEFT_PREFIX = re.compile(r"^base_model\.model\.")  # peft's wrapper around the causal LM
+WRAPPED = re.compile(r"\.default(?=\.|$)")  # peft's adapter name
+
+
+def peft_name(name: str) -> str:
+    """A peft model's parameter or module name as the causal LM's: the wrapper prefix and the adapter's name left out."""
+    return WRAPPED.sub("", PEFT_PREFIX.sub("", name))
 
 
 def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "sdpa", checkpointing: bool = False,
-                batch: int = 2, seq: int = 5, modules: set[str] | None = None) -> dict[str, int]:
+                batch: int = 2, seq: int = 5, modules: set[str] | None = None, lora: dict[str, Any] | None = None) -> dict[str, int]:
     """What autograd keeps for backward in one training forward with the loss of the tiny random transformers model of
     `config` on CPU: bytes of every storage a `saved_tensors_hooks` pack hook sees, once, parameters and buffers
     excluded, attributed to the module whose forward allocated it (layer indices left out; folded up to the nearest of
@@ -244,7 +260,7 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    model = trained_model(json.dumps(config, sort_keys=True), dtype)
+    model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True))
     model.set_attn_implementation(attention)
     if checkpointing:
         model.gradient_checkpointing_enable()
@@ -290,7 +306,7 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
             h.remove()
     out: dict[str, int] = {}
     for nbytes, creator in saved.values():
-        name = normal(creator)
+        name = normal(peft_name(creator))
         while modules is not None and name not in modules and name not in ("", "(inputs)"):
             name = name.rpartition(".")[0]
         out[name] = out.get(name, 0) + nbytes
@@ -298,17 +314,18 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
 
 
 def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf16", batch: int = 1, seq: int = 2048,
-              checkpointing: bool = False, fake: bool = True) -> tuple[int, str]:
+              checkpointing: bool = False, fake: bool = True, lora: dict[str, Any] | None = None) -> tuple[int, str]:
     """The most live tensor bytes at any moment of the second training step of a transformers model (forward with the
     loss, backward, optimizer.step(), zero_grad(set_to_none=True), the outputs dropped), measured by a dispatch mode that
-    follows every storage until it is freed; under FakeTensorMode (full size without memory) or for real. The model's
-    non-persistent buffers are left out (symparam leaves them out); with it, the phase and operation of the peak."""
+    follows every storage until it is freed; on the meta device (full size without memory: every operation computes
+    its outputs' shapes, dtypes and storages) or for real on CPU. The model's non-persistent buffers are left out
+    (symparam leaves them out); with it, the phase and operation of the peak."""
     import contextlib
     import weakref
 
     import transformers
     import transformers.masking_utils as masking
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
@@ -322,14 +339,17 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
-                    s = t.untyped_storage()
-                    if id(s) not in self.refs:
-                        n = s.nbytes()
-                        self.live += n
-                        self.refs[id(s)] = weakref.ref(s, lambda _, key=id(s), n=n: self.free(key, n))
-                        if self.live > self.peak:
-                            self.peak, self.where = self.live, f"{self.phase}: {func}"
+                    self.follow(t, f"{self.phase}: {func}")
             return out
+
+        def follow(self, t: torch.Tensor, where: str) -> None:
+            s = t.untyped_storage()
+            if id(s) not in self.refs:
+                n = s.nbytes()
+                self.live += n
+                self.refs[id(s)] = weakref.ref(s, lambda _, key=id(s), n=n: self.free(key, n))
+                if self.live > self.peak:
+                    self.peak, self.where = self.live, where
 
         def free(self, key: int, n: int) -> None:
             self.live -= n
@@ -345,26 +365,71 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
     masking.find_packed_sequence_indices = lambda position_ids: None  # a batch without packing: what the real run finds,
     live = Live()                                                     # which fake tensors cannot evaluate
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), live:
+        with torch.device("meta") if fake else contextlib.nullcontext():
             torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+            if lora is not None:
+                from peft import LoraConfig, get_peft_model
+
+                model = get_peft_model(model, LoraConfig(**lora))
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+        if fake:  # built on meta, then each tensor made fake: full size without memory, every operation run for its shapes
+            made: dict[int, torch.Tensor] = {}  # a tied tensor stays one tensor
+            for module in model.modules():
+                for table in (module._parameters, module._buffers):
+                    for key, t in table.items():
+                        if t is not None and id(t) not in made:
+                            fake_t = FakeTensor(mode, t, torch.device("cpu"))  # a CPU tensor as kernels see it (sdpa's choice)
+                            made[id(t)] = torch.nn.Parameter(fake_t, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else fake_t
+                        if t is not None:
+                            table[key] = made[id(t)]
+        with mode:
             if checkpointing:
                 model.gradient_checkpointing_enable()
             buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
-            opt = make(list(model.parameters()))
-            ids = torch.randint(0, cfg.get_text_config().vocab_size, (batch, seq))
-            labels = ids.clone()
-            for step in range(2):
-                if step == 1:
-                    live.peak = live.live
-                live.phase = f"forward {step + 1}"
-                out = model(input_ids=ids, labels=labels)
-                live.phase = f"backward {step + 1}"
-                out.loss.backward()
-                live.phase = f"optimizer step {step + 1}"
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                del out
+            for t in [*model.parameters(), *model.buffers()]:  # built before the tracker starts (peft moves tensors it would follow)
+                live.follow(t, "build")
+            with live:
+                opt = make([p for p in model.parameters() if p.requires_grad])
+                ids = torch.randint(0, cfg.get_text_config().vocab_size, (batch, seq), device=next(model.parameters()).device)
+                labels = ids.clone()
+                for step in range(2):
+                    if step == 1:
+                        live.peak = live.live
+                    live.phase = f"forward {step + 1}"
+                    out = model(input_ids=ids, labels=labels)
+                    live.phase = f"backward {step + 1}"
+                    out.loss.backward()
+                    live.phase = f"optimizer step {step + 1}"
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    del out
     finally:
         masking.find_packed_sequence_indices = packed
     return live.peak - buffers, live.where
+
+
+def lora_trainable(config: dict[str, Any], lora: dict[str, Any]) -> dict[str, int]:
+    """The parameters peft's get_peft_model makes trainable on the model built on the meta device, per name as
+    symparam names them: the causal LM's names, a ParamWrapper's adapters under the parameter it adapts
+    (model.layers.mlp.experts.gate_up_proj.lora_A.weight), layer indices left out."""
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora.layer import ParamWrapper
+
+    cfg = hf_config(config)
+    import transformers
+
+    with torch.device("meta"):
+        model = get_peft_model(transformers.AutoModelForCausalLM.from_config(cfg), LoraConfig(**lora))
+    renamed: dict[str, str] = {}
+    for path, module in model.named_modules():
+        if isinstance(module, ParamWrapper):
+            outer = re.sub(r"(\.base_layer)+$", "", path)
+            for part in ("lora_A", "lora_B"):
+                renamed[f"{path}.{part}.default.weight"] = f"{outer}.{module.parameter_name}.{part}.weight"
+    out: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            key = normal(peft_name(renamed.get(name, name)))
+            out[key] = out.get(key, 0) + p.numel()
+    return out

@@ -29,7 +29,7 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
 
 FAMILIES = sorted(r.family for r in REGISTRY if r.family != "classic")  # classic's oracle is torch.nn, not transformers
-POINTS = ((1, 5), (2, 5), (1, 7), (1, 9))  # (B, S) below the tiny configs' window of 16
+POINTS = ((1, 5), (2, 5), (1, 7), (2, 9), (1, 9))  # (B, S) below the tiny configs' window of 16
 LONG = ((1, 17), (2, 17), (1, 19), (1, 21))  # past it: sliding layers mask and keep only the window
 MODES = {  # name -> (dtype, attention, checkpointing, points)
     "bf16-sdpa": ("bf16", "sdpa", False, POINTS),
@@ -39,17 +39,24 @@ MODES = {  # name -> (dtype, attention, checkpointing, points)
 }
 
 
-def compare(config: dict[str, Any], dtype: str, attention: str, checkpointing: bool, points) -> None:
-    """Per module, then the total, at each (B, S): a miss names the module and the point."""
-    model = symparam.load(config)
+def compare(config: dict[str, Any], dtype: str, attention: str, checkpointing: bool, points, lora: Any = None) -> None:
+    """Per module, then the total, at each (B, S): a miss names the module and the point. The formula is traced at each
+    point (a branch may depend on B or S: a batch of one keeps the shifted labels as a view); points whose branches
+    agree must give the same formula, so it is one polynomial through all of them."""
+    from symparam.memory.lora import adapt, trainable
+
+    model = symparam.load(config) if lora is None else adapt(symparam.load(config), lora)
+    mode = Mode(act=dtype, attention=attention, trainable=None if lora is None else trainable)
     tree = {path for node, _, _, path in walk(model.tree) if not node.is_leaf}
-    found = activations(model, Mode(act=dtype, attention=attention), "full" if checkpointing else "none", {B: points[0][0], S: points[0][1]})
-    formulas = found.by_module()
+    seen: dict[tuple, sp.Expr] = {}
     for batch, seq in points:
+        found = activations(model, mode, "full" if checkpointing else "none", {B: batch, S: seq})
+        assert seen.setdefault(found.assumed, found.formula) == found.formula, f"B={batch}, S={seq}: another formula under the same assumptions"
         subs = {**as_subs(model.values), B: sp.Integer(batch), S: sp.Integer(seq)}
-        mine = {name: int(expr.xreplace(subs)) for name, expr in formulas.items()}
+        mine = {name: int(expr.xreplace(subs)) for name, expr in found.by_module().items()}
         mine = {k: v for k, v in mine.items() if v}
-        reference = saved_bytes(config, dtype, attention, checkpointing, batch, seq, modules=tree)
+        peft = None if lora is None else {"r": lora.r, "target_modules": lora.targets if lora.targets == "all-linear" else list(lora.targets), "use_dora": lora.dora}
+        reference = saved_bytes(config, dtype, attention, checkpointing, batch, seq, modules=tree, lora=peft)
         assert mine == reference, f"B={batch}, S={seq}:\n" + "\n".join(
             f"  {k}: symparam {mine.get(k, 0):,}, autograd {reference.get(k, 0):,}" for k in sorted(set(mine) | set(reference)) if mine.get(k) != reference.get(k))
 

@@ -156,14 +156,19 @@ def step_report(model: Model, dtype_name: str, subs: dict, train: Train) -> dict
         raise SymparamError(f"--dtype: a training step runs in {', '.join(TRAIN_DTYPES)}, not {dtype_name}")
     if train.attention not in ("sdpa", "eager"):
         raise SymparamError(f"--attention: unknown {train.attention!r}; known: sdpa, eager")
+    from symparam.memory.lora import adapted, trainable as adapter
+
     opt = optimizer(train.optimizer)
-    step = training(model, opt, Mode(act=dtype_name, attention=train.attention), train.checkpointing, {B: subs[B], S: subs[S]})
+    lora = bool(adapted(model))
+    mode = Mode(act=dtype_name, attention=train.attention, trainable=adapter if lora else None)
+    step = training(model, opt, mode, train.checkpointing, {B: subs[B], S: subs[S]})
 
     def exact(expr: sp.Expr) -> int:
         return evaluate(expr, subs, f"{model.name}: {expr}")
 
     a = step.activations
-    mode = f"{step.act} weights and activations, attn_implementation={train.attention}, use_cache={'off' if train.checkpointing != 'none' else bool(model.config.get('use_cache'))}"
+    mode = (f"{step.act} weights and activations, attn_implementation={train.attention}, use_cache={'off' if train.checkpointing != 'none' else bool(model.config.get('use_cache'))}"
+            + ("; LoRA: only the adapters train (float32, peft's autocast_adapter_dtype), the base frozen" if lora else ""))
     activations = {
         **sizes(exact(a.formula)),
         "formula": str(a.formula),

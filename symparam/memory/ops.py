@@ -450,7 +450,7 @@ def grouped_mm(ctx: Context, x: Value, weight: Value, offsets: Value) -> Value:
     """Grouped matmul of token-expert rows with stacked expert weights [n, out, in]: saves the rows and the offsets."""
     out = ctx.new(x.shape[:-1] + (weight.shape[-2],), x.dtype, "grouped_mm", x.grad or weight.grad)
     if weight.grad or x.grad:
-        ctx.save(x if weight.grad else None, offsets)
+        ctx.save(x if weight.grad else None, weight if x.grad else None, offsets)
     return out
 
 
@@ -478,6 +478,27 @@ def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, sc
         w = binary(ctx, "add", w, mask if mask.dtype != "bool" else ctx.new(mask.shape, q.dtype, "sdpa mask", False))
     w = softmax(ctx, w)
     return matmul(ctx, w, v)
+
+
+def baddbmm(ctx: Context, base: Value, a: Value, b: Value) -> Value:
+    """base + a @ b over a batch of matrices: saves each factor for the other's gradient."""
+    out = ctx.new(base.shape, base.dtype, "baddbmm", base.grad or a.grad or b.grad)
+    ctx.save(b if a.grad else None, a if b.grad else None)
+    return out
+
+
+def vector_norm(ctx: Context, x: Value, dim: int) -> Value:
+    """torch.linalg.norm along one dimension: saves its input and result."""
+    dim = int(dim) % len(x.shape)
+    out = ctx.new(x.shape[:dim] + x.shape[dim + 1:], x.dtype, "norm", x.grad)
+    if x.grad:
+        ctx.save(x, out)
+    return out
+
+
+def detach(ctx: Context, x: Value) -> Value:
+    """The same tensor, cut from the graph."""
+    return replace(x, grad=False)
 
 
 def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:

@@ -17,7 +17,7 @@ from typing import Any
 
 import sympy as sp
 
-from symparam.components import ONE, Term
+from symparam.components import ONE, Term, walk
 from symparam.config import as_subs
 from symparam.errors import SymparamError
 from symparam.memory import ops
@@ -119,6 +119,7 @@ class Interpreter:
         self.ctx = Context("", ONE, [], [], mode.act, values=self.values, assumed=self.assumed)
         self.layers: list[LayerCall] = []
         self.kernels: dict[str, str] = {}
+        self.leaves = {path: node for node, _, _, path in walk(model.tree) if node.is_leaf}  # parameters by path
         self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
 
@@ -153,7 +154,12 @@ class Interpreter:
         if term.code.stack:
             return self.call_stack(module, program, args, kwargs)
         env = dict(term.code.env)
-        children = self.children(module)
+        outer = (self.ctx.module, self.ctx.copies)
+        self.ctx.module, self.ctx.copies = module.path, module.copies
+        try:
+            children = self.children(module)  # a parametrized parameter is computed here, in the module's own code
+        finally:
+            self.ctx.module, self.ctx.copies = outer
         return self.execute(program, module.path, module.copies, args, kwargs, env, children, module.layer_path, term.code.entries)
 
     def children(self, module: Module) -> dict[str, Any]:
@@ -163,7 +169,8 @@ class Interpreter:
         for child in module.term.children:
             path = f"{module.path}.{child.key}" if module.path else child.key
             if child.is_leaf:
-                out[child.key] = self.parameter(child, path, module.term.times if routed else ONE)
+                value = self.parameter(child, path, module.term.times if routed else ONE)
+                out[child.key] = self.parametrized(child, value, module) if child.lora else value
             else:
                 layer_path = None if module.layer_path is None else (f"{module.layer_path}.{child.key}" if module.layer_path else child.key)
                 out[child.key] = Module(child, path, module.copies, layer_path)
@@ -173,21 +180,56 @@ class Interpreter:
         """A parameter (or buffer) as a Value: never an activation; it needs a gradient unless frozen or a buffer."""
         shape = leaf.shape if stacked == ONE else (stacked,) + leaf.shape
         trainable = self.mode.trainable(path) if self.mode.trainable else True
-        storage = Storage(sp.Mul(*shape), self.mode.act, path, "parameter", param=True)
-        return Value(tuple(shape), ops.dense(shape), self.mode.act, storage, trainable and not leaf.buffer)
+        dtype = runtime_dtype(leaf, self.mode.act)
+        storage = Storage(sp.Mul(*shape), dtype, path, "parameter", param=True)
+        return Value(tuple(shape), ops.dense(shape), dtype, storage, trainable and not leaf.buffer)
+
+    def parametrized(self, leaf: Term, value: Value, module: Module) -> Value:
+        """A parameter peft's ParamWrapper adapts: its value plus its adapters' product, computed by the library's
+        `lora_param` when the module first reads it (nn.utils.parametrize, cached for the forward)."""
+        scaling, experts, a_path, b_path = leaf.lora
+        a, b = (self.parameter(self.leaves[p], p, ONE) for p in (a_path, b_path))
+        program = compile_program(self.model.recipe.functions["lora_param"], f"{self.model.recipe.source}: [functions] lora_param")
+        return self.execute(program, module.path, module.copies, [value, a, b, experts, scaling], {}, {}, {}, None)
 
     def call_stack(self, module: Module, program: Program, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        """The decoder layers: the layer program once, each module counted in the layers that have it; the layer's input
-        stands for the embedding output (layer 0) and every other layer's output."""
+        """The decoder layers: the layer program once per run, each module counted in the layers that have it; the
+        layer's input stands for the embedding output (layer 0) and every other layer's output. Where the input needs
+        no gradient but the layers train something (LoRA on a frozen embedding), layer 0 runs apart: what it saves
+        differs from the layers after it, whose input does need one."""
         term = module.term
         groups = [term] if term.times != ONE else list(term.children)  # one kind is the stack itself
-        layers = sp.Add(*(g.times for g in groups))
-        found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}", g.times, child.key) for g in groups for child in g.children}
+        x = args[0]
+        if x.grad or self.mode.trainable is None:
+            return self.run_layers(module, program, [(g, g.times) for g in groups], x, x.storage, args, kwargs)
+        first = [(g, self.first_layer(g.times)) for g in groups]
+        out = self.run_layers(module, program, first, x, x.storage, args, kwargs, whole=False)
+        rest = [(g, sp.expand(g.times - n)) for g, n in first]
+        if all(n == 0 or (self.values and sp.sympify(n).xreplace(self.values) == 0) for _, n in rest):
+            return out
+        prior = Storage(x.storage.numel, x.dtype, module.path, "layer output")
+        follow = Value(x.shape, ops.dense(x.shape), x.dtype, prior, out.grad)
+        return self.run_layers(module, program, rest, follow, prior, [follow, *args[1:]], kwargs, whole=False)
+
+    def first_layer(self, count: sp.Expr) -> sp.Expr:
+        """1 if layer 0 is among the layers a count stands for (N, N_dense, N - N_linear, ...), else 0."""
+        from symparam.config import Values
+
+        values = Values(self.model.recipe, self.model.config, {})
+        at_zero = {make(name): sp.Integer(int(values.mask(name)[0])) for name in self.model.recipe.layer_symbols if make(name) in count.free_symbols}
+        return sp.sympify(count).xreplace({**at_zero, make("N"): ONE})
+
+    def run_layers(self, module: Module, program: Program, groups: list[tuple[Term, sp.Expr]], x: Value, source: Storage,
+                   args: list[Any], kwargs: dict[str, Any], whole: bool = True) -> Value:
+        """One run of the layer program over the layers `groups` count (each kind group with its copies)."""
+        term = module.term
+        groups = [(g, n) for g, n in groups if n != 0]
+        layers = sp.Add(*(n for _, n in groups))
+        found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}", n, child.key) for g, n in groups for child in g.children}
         slots = {slot: tuple(found[n, key] for n, key in variants if (n, key) in found) for slot, variants in term.code.slots}
         members = {key: m for (_, key), m in found.items()}
-        x = args[0]
-        inputs = Storage(x.storage.numel, x.dtype, module.path, "layer input", layers,
-                         owners=((x.storage.module, ONE), (module.path, layers - 1)), covers=(x.storage,))
+        owners = ((source.module, ONE), (module.path, layers - 1)) if whole else ((source.module, layers),)
+        inputs = Storage(x.storage.numel, x.dtype, module.path, "layer input", layers, owners=owners, covers=(source,))
         inner = Value(x.shape, ops.dense(x.shape), x.dtype, inputs, x.grad)
         outer_slots, outer_kinds = self.slots, self.kinds
         self.slots, self.kinds = slots, members
@@ -536,6 +578,12 @@ class Frame:
         return out
 
 
+def runtime_dtype(leaf: Term, act: str) -> str:
+    """The dtype a parameter has while the model runs in `act`: float32 where the recipe says transformers keeps it so
+    (from_pretrained's _keep_in_fp32_modules; peft's adapters), else the model's."""
+    return "fp32" if leaf.dtype == "F32" else act
+
+
 def tree_values(obj: Any) -> list[Value]:
     """The tensors in a value, a tuple or a mapping of them."""
     if isinstance(obj, Value):
@@ -641,6 +689,9 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "mish": ops.unary("input", "mish"),
     "unsupported": _unsupported,
     "hold": _hold,
+    "baddbmm": ops.baddbmm,
+    "vector_norm": ops.vector_norm,
+    "detach": ops.detach,
     "cumsum": _integer("cumsum"),
     "histc": _integer("histc"),
 }

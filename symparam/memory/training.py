@@ -68,6 +68,7 @@ class Tensor:
     shape: tuple[sp.Expr, ...]
     count: sp.Expr
     trainable: bool = True
+    fp32: bool = False  # kept in float32 whatever the model runs in (LoRA adapters, _keep_in_fp32_modules)
 
     @property
     def numel(self) -> sp.Expr:
@@ -82,7 +83,7 @@ def parameter_tensors(term: Term, trainable: Callable[[str], bool] | None = None
         if not term.counted:
             return []
         shape = term.shape if stack == ONE else (stack,) + term.shape
-        return [Tensor(path, tuple(shape), count, trainable(path) if trainable else True)]
+        return [Tensor(path, tuple(shape), count, trainable(path) if trainable else True, term.dtype == "F32")]
     routed = term.active_times != term.times
     inner_count, inner_stack = (count, stack * term.times) if routed else (count * term.times, stack)
     return [t for child in term.children for t in parameter_tensors(child, trainable, inner_count, path, inner_stack)]
@@ -136,13 +137,15 @@ def terms(model: Any, opt: Optimizer, act: str, trainable: Callable[[str], bool]
     """Bytes of the weights, the gradients, the optimizer states and the step's temporaries, as formulas."""
     tensors = parameter_tensors(model.tree, trainable)
     values = model.values
-    weight_bytes = BYTES[opt.dtype(opt.weights, act)]
-    grad_bytes = BYTES[opt.dtype(opt.gradients, act)]
+
+    def own(x: Tensor) -> str:  # "model" in a convention: the dtype the tensor runs in
+        return "fp32" if x.fp32 else act
+
     trained = [x for x in tensors if x.trainable]
-    weights = sp.Add(*(x.count * x.numel * weight_bytes for x in tensors))
-    gradients = sp.Add(*(x.count * x.numel * grad_bytes for x in trained))
-    states = sp.Add(*(x.count * entry_bytes(opt.states, x, act, values) for x in trained)) + shared_bytes(opt.states, trained, values)
-    temporaries = sp.Add(*(x.count * entry_bytes(opt.temporaries, x, act, values) for x in trained))
+    weights = sp.Add(*(x.count * x.numel * BYTES[own(x) if opt.weights == "model" or x.fp32 else opt.weights] for x in tensors))
+    gradients = sp.Add(*(x.count * x.numel * BYTES[opt.dtype(opt.gradients, own(x))] for x in trained))
+    states = sp.Add(*(x.count * entry_bytes(opt.states, x, own(x), values) for x in trained)) + shared_bytes(opt.states, trained, values)
+    temporaries = sp.Add(*(x.count * entry_bytes(opt.temporaries, x, own(x), values) for x in trained))
     return tuple(sp.expand(e) for e in (weights, gradients, states, temporaries))
 
 
