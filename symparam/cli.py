@@ -12,7 +12,7 @@ import sympy as sp
 
 from symparam.config import Source, read_config, resolve
 from symparam.errors import SymparamError
-from symparam.files import write_atomic
+from symparam.files import shown, write_atomic
 from symparam.hub import REVISION, check_url, read_model
 from symparam.model import Model
 from symparam.recipes import REGISTRY, Recipe, load_recipe
@@ -36,11 +36,11 @@ def parse_sets(items: list[str]) -> dict[str, int]:
     for item in items:
         name, sep, text = item.partition("=")
         if not sep:
-            raise SymparamError(f"--set {item}: expected SYMBOL=INT")
+            raise SymparamError(f"--set {shown(item)}: expected SYMBOL=INT")
         try:
             values[name] = int(text.replace("_", ""))
         except ValueError:
-            raise SymparamError(f"--set {name}: expected an integer, got {text!r}") from None
+            raise SymparamError(f"--set {shown(name)}: expected an integer of at most 4,300 digits, got {shown(repr(text))}") from None
     return values
 
 
@@ -222,13 +222,15 @@ def parse_target(text: str) -> int:
     """7e9, 7_000_000_000, 7B or 350M as an integer number of parameters."""
     from decimal import Decimal, InvalidOperation
 
+    from symparam.whatif import MAX_TARGET
+
     scale = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}.get(text[-1:].upper(), 1)
     try:
         value = Decimal(text[:-1] if scale > 1 else text.replace("_", "")) * scale
     except InvalidOperation:
         raise SymparamError(f"--target: expected a number such as 7e9 or 7B, got {text!r}") from None
-    if value != value.to_integral_value() or value <= 0:
-        raise SymparamError(f"--target: expected a positive whole number of parameters, got {text!r}")
+    if not value.is_finite() or not 0 < value <= MAX_TARGET or value != value.to_integral_value():
+        raise SymparamError(f"--target: expected a whole number of parameters from 1 to {MAX_TARGET:.0e}, got {shown(repr(text))}")
     return int(value)
 
 

@@ -16,9 +16,12 @@ import sympy as sp
 
 from symparam.components import Term
 from symparam.errors import SymparamError
+from symparam.files import nesting, read_text, shown
 from symparam.recipes import REGISTRY, Recipe
-from symparam.rules import Uniform, compile_rule, lookup_in
-from symparam.symbols import make, parse
+from symparam.rules import Uniform, compile_rule, lookup_in, message_text
+from symparam.symbols import MAX_VALUE, make, parse
+
+MAX_CONFIG = 16 * 2**20  # bytes of a config.json read at most (published ones are under 100 kB)
 
 
 @dataclass(frozen=True)
@@ -90,21 +93,24 @@ def read_preset(name: str) -> dict[str, Any]:
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """A config.json file as a dict; a missing, unreadable or malformed file is a one-line error."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # editors write a BOM; transformers reads it too
-    except FileNotFoundError:
-        raise SymparamError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise SymparamError(f"{path}: cannot read ({e.__class__.__name__})") from None
-    return loads(text, str(path))
+    """A config.json file as a dict; a missing, unreadable, oversized or malformed file is a one-line error."""
+    return loads(read_text(path, MAX_CONFIG, "config.json"), shown(path))  # a BOM is dropped: transformers reads one too
 
 
-def loads(text: str, where: str) -> Any:
+class _LongNumber(Exception):
+    """A JSON integer with more digits than Python reads (sys.get_int_max_str_digits())."""
+
+
+def _integer(text: str) -> int:
+    if len(text.lstrip("-")) > sys.get_int_max_str_digits() > 0:
+        raise _LongNumber(len(text.lstrip("-")))
+    return int(text)
+
+
+def loads(text: str | bytes, where: str) -> Any:
     """JSON text as data, as Python's json (and so transformers) reads it: NaN and Infinity are floats (Nemotron-H's
-    time_step_limit holds Infinity; a size that is one is refused where it is read), too-deep nesting is refused, a
-    duplicate key is warned of (the last wins)."""
+    time_step_limit holds Infinity; a size that is one is refused where it is read), an integer of more digits than
+    Python reads and too-deep nesting are refused, a duplicate key is warned of (the last wins)."""
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -115,9 +121,13 @@ def loads(text: str, where: str) -> Any:
         return out
 
     try:
-        return json.loads(text, object_pairs_hook=pairs)
+        return nesting(json.loads(text, object_pairs_hook=pairs, parse_int=_integer), where)
     except json.JSONDecodeError as e:
         raise SymparamError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError:
+        raise SymparamError(f"{where}: not valid JSON (not UTF-8 text)") from None
+    except _LongNumber as e:
+        raise SymparamError(f"{where}: a number of {e.args[0]:,} digits, more than Python reads ({sys.get_int_max_str_digits():,}); no size is that large") from None
     except RecursionError:
         raise SymparamError(f"{where}: JSON nested too deeply to be a config") from None
 
@@ -178,6 +188,7 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
         values.get(symbol)
     for symbol in _optional(recipe, tree):
         values.maybe(symbol)
+    _layer_counts(recipe, values, overrides)
     _check_lists(recipe, config, values.known)
     _one_variant_per_layer(recipe, values)
     _checks(recipe, values.known)
@@ -298,12 +309,22 @@ class Values:
 
 
 def _check(recipe: Recipe, symbol: str, field: str, value: Any) -> int:
+    """A value for `symbol`: an integer from its least (0 or 1) to MAX_VALUE (PyTorch's int64 sizes)."""
     s = recipe.symbols[symbol]
     low = 0 if s.zero else 1
-    if type(value) is not int or value < low:
+    if type(value) is not int or not low <= value <= MAX_VALUE:
         kind = "a non-negative" if low == 0 else "a positive"
-        raise SymparamError(f"{field}: expected {kind} integer ({s.meaning}), got {value!r}")
+        limit = f" of at most {MAX_VALUE:,}" if type(value) is int and value > MAX_VALUE else ""
+        raise SymparamError(f"{field}: expected {kind} integer{limit} ({s.meaning}), got {shown(repr(value))}")
     return value
+
+
+def _layer_counts(recipe: Recipe, values: Values, overrides: Mapping[str, int]) -> None:
+    """A layer-count symbol set with --set counts at most the N layers it divides (a rule never counts more)."""
+    for name in sorted(set(overrides) & set(recipe.layer_symbols)):
+        layers = values.get("N")
+        if overrides[name] > layers:
+            raise SymparamError(f"--set {name}={overrides[name]}: more than the N = {layers} layers ({recipe.symbols[name].meaning} are some of them)")
 
 
 def _check_lists(recipe: Recipe, config: dict[str, Any], values: dict[str, int]) -> None:
@@ -342,17 +363,19 @@ def _checks(recipe: Recipe, values: dict[str, int]) -> None:
     for text, message in recipe.checks.items():
         rule = compile_rule(text, f"{recipe.source}: [checks]")
         if set(rule.reads) <= set(values) - absent and not rule(values.get):
-            raise SymparamError(message.format(**values))
+            raise SymparamError(message_text(message, values))
 
 
 def _whole_shapes(term: Term, values: dict[str, int], subs: dict[sp.Symbol, sp.Integer], path: str = "") -> None:
-    """Every tensor dimension must be a whole number at these values (d*h_kv/h with h not dividing d is not)."""
+    """Every tensor dimension must be a whole number at these values (d*h_kv/h with h not dividing d is not), and every
+    count of copies (N - N_dense layers, k of n experts) one that is not negative."""
     path = f"{path}.{term.key}" if path and term.key else path or term.key
-    for dim in term.shape:
+    sizes = [(dim, "its size") for dim in term.shape] + [(times, "its copies") for times in {term.times, term.active_times} if times.free_symbols]
+    for dim, what in sizes:
         size = dim.xreplace(subs)
         if not size.is_Integer or size < 0:
             used = ", ".join(f"{s}={values[str(s)]}" for s in sorted(dim.free_symbols, key=str))
-            raise SymparamError(f"{path}: its size {dim} is {size} at {used}, not a whole number")
+            raise SymparamError(f"{path or 'model'}: {what} {dim} is {shown(str(size))} at {used}, not a whole number")
     for child in term.children:
         _whole_shapes(child, values, subs, path)
 

@@ -25,7 +25,6 @@ REF = re.compile(r"[\w.-]+(?:/[\w.-]+)*", re.ASCII)  # a branch, tag (refs/pr/1 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 SHARD = re.compile(r"[\w.-]+(?:/[\w.-]+)*\.safetensors", re.ASCII)  # a shard an index may name: a file beside it
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"  # what a repo's checkpoint is called, as transformers saves it
-MAX_INDEX = 100_000_000  # the largest index read
 WORKERS = 8  # headers read at once
 TIMEOUT = 10.0  # seconds to wait for the server, each request (huggingface_hub's default)
 
@@ -246,7 +245,7 @@ class Reader:
 
     def index(self, url: str, what: str, missing_ok: bool = False) -> dict[str, Any] | None:
         """A safetensors index (at most MAX_INDEX bytes), or None for a missing file when `missing_ok`."""
-        from symparam.verify import parse_index
+        from symparam.verify import MAX_INDEX, parse_index
 
         got = self.get(url, 0, MAX_INDEX + 1, what, missing_ok)
         if got is None:

@@ -132,13 +132,19 @@ class Model:
         def exact(expr: sp.Expr) -> int:
             return evaluate(expr, subs, f"{self.name}: {expr}")
 
-        return Count(
+        count = Count(
             total=exact(self.total),
             active=exact(self.active),
             components={c: exact(e) for c, e in self.components.items()},
             active_components={c: exact(e) for c, e in self.active_components.items()},
             lookup=exact(sum((copies * leaf.each for leaf, copies, _, _ in leaves(self.tree, active=True) if leaf.lookup), sp.Integer(0))),
         )
+        figures = {"total": count.total, "active": count.active, **count.components, **{f"active {c}": n for c, n in count.active_components.items()}}
+        below = next(((label, n) for label, n in figures.items() if n < 0), None)
+        if below is not None:  # values no config gives (a layer count above N, set directly): no figure is ever negative
+            used = ", ".join(f"{s}={v}" for s, v in subs.items())
+            raise SymparamError(f"{self.name}: {below[0]} is {below[1]:,} at {used}; the values contradict each other (a layer count above N?)")
+        return count
 
     def _repr_latex_(self) -> str:
         return f"$\\displaystyle \\text{{{self.name}}}: {latex(self.total)}$"
