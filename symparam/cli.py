@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import sympy as sp
 
 from symparam.config import Source, read_config, resolve
 from symparam.errors import SymparamError
-from symparam.files import shown, write_atomic
+from symparam.files import reason, shown, write_atomic
 from symparam.hub import REVISION, check_url, read_model
 from symparam.model import Model
 from symparam.recipes import REGISTRY, Recipe, load_recipe
@@ -361,20 +362,57 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def dashed_values(argv: list[str]) -> list[str]:
+    """`--model -org/name` read as `--model=-org/name`: a value that starts with '-' and holds a '/' (a Hub id, a path)
+    is no option, though argparse would take it for one and answer with its usage."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and token.startswith("-") and "/" in token.split("=", 1)[0]:
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
+def silence_stdout() -> None:
+    """stdout pointed at /dev/null, so that what its buffer still holds cannot fail again when Python exits (which would
+    print 'Exception ignored' and exit 120)."""
     try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a real file (a test's capture)
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command: its output on stdout, exit 0 (or the command's own code); bad input is one line on stderr and
+    exit 2; a closed pipe is a quiet exit 141 and Ctrl-C exit 130 (as if killed by SIGPIPE or SIGINT, like C tools);
+    text an ASCII-only stdout cannot encode is escaped (\\u4e2d), never a crash."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    try:
+        args = parser().parse_args(dashed_values(sys.argv[1:] if argv is None else argv))
         result = args.run(args)  # text, or (text, exit code) for commands that judge (verify)
         text, code = result if isinstance(result, tuple) else (result, 0)
-        print(text)
-        if code:
-            return code
+        try:
+            print(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `symparam list | head -1`
+            silence_stdout()
+            return 141
+        except OSError as e:  # stdout is /dev/full, or a disk that filled up
+            silence_stdout()
+            raise SymparamError(f"stdout: cannot write ({reason(e)})") from None
+        return code
     except SymparamError as e:
-        print(f"symparam: error: {e}", file=sys.stderr)
+        message = str(e).replace("\r", "\\r").replace("\n", "\\n")  # one line, whatever a message holds
+        print(f"symparam: error: {message}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `symparam list | head`
-        sys.stderr.close()
-    return 0
+    except KeyboardInterrupt:
+        silence_stdout()
+        print("symparam: error: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -94,7 +94,10 @@ def read_preset(name: str) -> dict[str, Any]:
 
 def read_config(path: str | Path) -> dict[str, Any]:
     """A config.json file as a dict; a missing, unreadable, oversized or malformed file is a one-line error."""
-    return loads(read_text(path, MAX_CONFIG, "config.json"), shown(path))  # a BOM is dropped: transformers reads one too
+    raw = loads(read_text(path, MAX_CONFIG, "config.json"), shown(path))  # a BOM is dropped: transformers reads one too
+    if not isinstance(raw, dict):
+        raise SymparamError(f"{shown(path)}: expected a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 class _LongNumber(Exception):

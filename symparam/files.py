@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 from symparam.errors import SymparamError
 
 MAX_NESTING = 64  # levels of lists and tables in a config or recipe: real ones have fewer than 8
-SHOWN = 120  # characters of a path an error shows (a name can be 4,096 long)
+SHOWN = 400  # characters of a path or value an error shows in full (a path can be 4,096 long)
 
 KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}
