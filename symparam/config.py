@@ -338,7 +338,7 @@ def _check_lists(recipe: Recipe, config: dict[str, Any], values: dict[str, int])
         if given is None:
             continue
         if not isinstance(given, list):
-            raise SymparamError(f"{key}: expected a list, got {json.dumps(given)}")
+            raise SymparamError(f"{key}: expected a list, got {shown(json.dumps(given))}")
         length = parse(spec["length"], known=make).xreplace(as_subs(values))
         if length.is_Integer and len(given) != int(length):
             raise SymparamError(f"{key}: has {len(given)} entries, expected {spec['length']} = {length}")

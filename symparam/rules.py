@@ -169,7 +169,7 @@ class Rule:
         if isinstance(container, dict):  # a table keyed by layer: JSON keys are strings ("2", "02"), as transformers reads int(key)
             return next((v for k, v in container.items() if k == index or (type(index) is int and str(k).isdigit() and int(k) == index)), None)
         if not isinstance(container, (list, str)):
-            raise SymparamError(f"{key}: expected a list or a string, got {json.dumps(container)} (read by the rule {self.text!r})")
+            raise SymparamError(f"{key}: expected a list or a string, got {shown(json.dumps(container))} (read by the rule {self.text!r})")
         if type(index) is not int or not 0 <= index < len(container):
             raise SymparamError(f"{key}: has {len(container)} entries, too few for index {index} (read by the rule {self.text!r})")
         return container[index]
@@ -180,8 +180,8 @@ class Rule:
         try:
             return fn(*args)
         except (TypeError, ValueError, ZeroDivisionError, OverflowError):  # OverflowError: int() of an infinite float
-            shown = ", ".join(json.dumps(a) if isinstance(a, (int, str, list, type(None), bool)) else type(a).__name__ for a in args)
-            return self._fail(node, f"cannot be used with {shown}")
+            values = ", ".join(shown(json.dumps(a)) if isinstance(a, (int, float, str, list, type(None), bool)) else type(a).__name__ for a in args)
+            return self._fail(node, f"cannot be used with {values}")
 
     def _bounded(self, node: ast.AST, a: Any, b: Any) -> None:
         """A product is refused before it is made where it would exceed MAX_ITEMS entries or MAX_BITS bits."""

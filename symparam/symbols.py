@@ -125,7 +125,7 @@ MAX_VALUE = 2**63 - 1  # the largest value a symbol takes: PyTorch's sizes and c
 MAX_EXPONENT = 8  # the largest n of x**n in a formula (the built-in recipes use 2)
 MAX_DEGREE = 8  # the largest degree of a formula in its symbols, arguments put in (the built-in recipes reach 3)
 MAX_BITS = 256  # bits of a constant a formula makes (2**8 is 9)
-MAX_RESULT = 16_384  # bits of a value a formula is evaluated to (about 4,900 digits; Python prints at most 4,300)
+MAX_RESULT = 1_000  # bits of a value a formula is evaluated to (301 digits): a float holds every figure (GB, GiB)
 
 
 def parse(formula: str | int, names: Mapping[str, sp.Expr] | None = None, known: Callable[[str], sp.Expr] = symbol) -> sp.Expr:

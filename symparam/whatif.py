@@ -17,7 +17,7 @@ from symparam.files import read_text, shown
 from symparam.model import Model
 from symparam.recipes import Recipe
 from symparam.rules import compile_rule, lookup_in, message_text
-from symparam.symbols import BY_NAME, MAX_VALUE, SYMBOLS, make, parse, symbol as lookup
+from symparam.symbols import BY_NAME, MAX_RESULT, MAX_VALUE, SYMBOLS, make, parse, symbol as lookup
 from symparam.symbols import evaluate as exactly
 
 # Divisibility a design must keep: (symbol, the symbol it must be a multiple of, why).
@@ -372,6 +372,8 @@ def evaluate(compiled: Compiled, columns: Mapping[str, np.ndarray], on_overflow:
     if missing:
         raise SymparamError(f"sweep: no values for {', '.join(missing)}")
     bound = compiled.bound(columns)
+    if bound.bit_length() > MAX_RESULT:
+        raise SymparamError(f"sweep: {compiled.expr} could reach {bound.bit_length():,} bits at these rows; no model is that large (at most {MAX_RESULT:,} bits)")
     if bound <= INT64_MAX:
         args = [np.asarray(columns[s], dtype=np.int64) for s in compiled.symbols]
         size = max((len(a) for a in args), default=1)

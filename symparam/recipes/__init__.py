@@ -147,7 +147,7 @@ def truthy(value: Any, key: str, default: Any = None) -> bool:
     import json
 
     if isinstance(default, bool) and not isinstance(value, bool):
-        raise SymparamError(f"{key}: expected true or false, got {json.dumps(value)}")
+        raise SymparamError(f"{key}: expected true or false, got {shown(json.dumps(value))}")
     if value is None or isinstance(value, bool):
         return bool(value)
     if isinstance(value, int) and value >= 0:
