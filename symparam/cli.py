@@ -227,12 +227,12 @@ def parse_target(text: str) -> int:
 
     scale = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}.get(text[-1:].upper(), 1)
     try:
-        value = Decimal(text[:-1] if scale > 1 else text.replace("_", "")) * scale
+        value = Decimal(text[:-1] if scale > 1 else text.replace("_", ""))
     except InvalidOperation:
-        raise SymparamError(f"--target: expected a number such as 7e9 or 7B, got {text!r}") from None
-    if not value.is_finite() or not 0 < value <= MAX_TARGET or value != value.to_integral_value():
+        raise SymparamError(f"--target: expected a number such as 7e9 or 7B, got {shown(repr(text))}") from None
+    if not value.is_finite() or not 0 < value <= Decimal(MAX_TARGET) / scale or value * scale != (value * scale).to_integral_value():
         raise SymparamError(f"--target: expected a whole number of parameters from 1 to {MAX_TARGET:.0e}, got {shown(repr(text))}")
-    return int(value)
+    return int(value * scale)
 
 
 def add_solve(p: argparse.ArgumentParser) -> None:

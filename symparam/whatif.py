@@ -614,7 +614,9 @@ def grid(specs: Mapping[str, str]) -> dict[str, np.ndarray]:
             raise SymparamError(f"--grid {name}={shown(spec)}: expected START:STOP[:STEP] or a,b,c of integers (a step other than 0)") from None
         if not axes[name]:
             raise SymparamError(f"--grid {name}={shown(spec)}: no values")
-        if min(axes[name]) < 0 or max(axes[name]) > MAX_VALUE:
+        values = axes[name]
+        low, high = (min(values), max(values)) if isinstance(values, list) else sorted((values[0], values[-1]))  # a range's ends, not its items
+        if low < 0 or high > MAX_VALUE:
             raise SymparamError(f"--grid {name}={shown(spec)}: values from 0 to {MAX_VALUE:,}")
     rows = math.prod(len(a) for a in axes.values())
     if rows > MAX_ROWS:
