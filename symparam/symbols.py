@@ -190,7 +190,7 @@ def evaluate(expr: sp.Expr, values: Mapping[Any, int], what: str = "") -> int:
     subs = {key if isinstance(key, sp.Symbol) else make(str(key)): sp.Integer(v) for key, v in values.items()}
     result = sp.sympify(expr).xreplace(subs)
     if not result.is_Integer:
-        why = "a division by zero" if result.has(sp.zoo, sp.nan) else f"{shown(str(result))}, not a whole number"
+        why = "divides by zero" if result.has(sp.zoo, sp.nan) else f"{shown(str(result))} is not a whole number"
         raise SymparamError(f"{what or shown(str(expr))}: {why} at these values")
     if abs(int(result)).bit_length() > MAX_RESULT:
         raise SymparamError(f"{what or shown(str(expr))}: more than {MAX_RESULT:,} bits at these values; no model is that large")
