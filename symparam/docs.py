@@ -4,6 +4,7 @@ does not need it)."""
 
 from __future__ import annotations
 
+import stat
 import tomllib
 from collections.abc import Callable
 from functools import cache
@@ -13,7 +14,7 @@ from pathlib import Path
 from symparam import catalog
 from symparam.derive import Derivation, derive
 from symparam.errors import SymparamError
-from symparam.files import directory as output_directory, read_text, shown, write_atomic
+from symparam.files import directory as output_directory, existing, read_text, shown, write_atomic
 from symparam.model import Model
 from symparam.recipes import HEADERS, REGISTRY, header_index
 from symparam.render import FORMATS, LANGS, examples_page, render
@@ -113,13 +114,14 @@ def package_files() -> dict[Path, Callable[[], str]]:
 
 def current(path: Path) -> str | None:
     """The text a generated file holds now, None if there is none (a FIFO or a device there is a one-line error)."""
-    return read_text(path, MAX_PAGE, "generated page") if path.exists() else None
+    return read_text(path, MAX_PAGE, "generated page") if existing(path) else None
 
 
 def stale(directory: Path) -> list[str]:
     """Files under `directory` that are missing or differ from what the code generates now, and strays; and the
     catalog's index of counts if it is stale."""
-    if directory.exists() and not directory.is_dir():
+    found = existing(directory)
+    if found is not None and not stat.S_ISDIR(found.st_mode):
         raise SymparamError(f"{shown(directory)}: not a directory")
     wanted = pages()
     out = [name for name, make in wanted.items() if (text := current(directory / name)) is None or text != make()]  # a missing page is not rendered

@@ -58,6 +58,17 @@ def status(path: str | Path) -> os.stat_result:
         raise SymparamError(f"{shown(path)}: not a file name (it holds a NUL byte)") from None
 
 
+def existing(path: str | Path) -> os.stat_result | None:
+    """os.stat(path) through symlinks, None if nothing is there; a name too long, a loop or a file in the way is a
+    one-line error (pathlib's exists() raises some of these and hides others)."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return status(path)  # the same error, in words
+
+
 @contextmanager
 def opened(path: str | Path) -> Iterator[tuple[BinaryIO, int]]:
     """A regular file open for reading, and its size. A FIFO, a device, a directory, a missing or unreadable path is a
@@ -202,4 +213,4 @@ def directory(path: str | Path) -> Path:
     return path
 
 
-__all__ = ["MAX_NESTING", "status", "opened", "read_bytes", "read_text", "nesting", "new_file_mode", "replacing", "write_atomic", "directory", "shown"]
+__all__ = ["MAX_NESTING", "status", "existing", "opened", "read_bytes", "read_text", "nesting", "new_file_mode", "replacing", "write_atomic", "directory", "shown"]

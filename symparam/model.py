@@ -15,6 +15,7 @@ from dataclasses import replace
 from symparam.components import Term, breakdown, leaves, tensors
 from symparam.config import Resolved, Source, as_subs, preset_name, read_config, read_preset, resolve, tree_symbols
 from symparam.errors import SymparamError
+from symparam.files import existing
 from symparam.recipes import REGISTRY, Recipe
 from symparam.symbols import evaluate, latex, make
 
@@ -168,7 +169,7 @@ def load(source: str | Path | Mapping[str, Any], overrides: Mapping[str, int] | 
         raw, name = read_preset(source), preset_name(source)
     elif isinstance(source, str) and not source.endswith(".json") and "/" not in source:
         raw, name = read_preset(source), source
-    elif isinstance(source, str) and not source.endswith(".json") and not Path(source).exists():
+    elif isinstance(source, str) and not source.endswith(".json") and existing(source) is None:
         from symparam.hub import read_model
 
         raw, name, origin = read_model(source)

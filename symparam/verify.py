@@ -16,7 +16,7 @@ from sympy.printing.str import StrPrinter
 from symparam.components import Term, leaves
 from symparam.config import loads
 from symparam.errors import SymparamError
-from symparam.files import opened, read_bytes, shown, status
+from symparam.files import existing, opened, read_bytes, shown, status
 from symparam.model import Model
 from symparam.symbols import evaluate, make
 
@@ -206,7 +206,7 @@ def locate(path: str | Path) -> tuple[list[Path], Path | None]:
     if path.name.endswith(".index.json"):
         files = sorted({str(v) for v in read_index(path)["weight_map"].values()})
         shards = [path.parent / f for f in files]
-        return (shards if all(s.exists() for s in shards) else []), path
+        return (shards if all(existing(s) for s in shards) else []), path
     if path.suffix == ".safetensors":
         return [path], None
     raise SymparamError(f"{shown(path)}: expected a .safetensors file, a directory of shards or a model.safetensors.index.json")
