@@ -87,10 +87,13 @@ def cmd_count(args: argparse.Namespace) -> str:
     model = model_from(args)
     count = model.count()
     notes = [note(key, fields) for key, fields in model.notes]
+    stored, extras = as_stored(model, args.quant)
     if args.json:
         origin = model.source.as_dict() if model.source else None
         payload = {"name": model.name, "family": model.recipe.family, **model.scope, "source": origin, "notes": notes, **count.as_dict()}
         payload["formulas"] = {"total": str(model.total), "active": str(model.active), **{c: str(e) for c, e in model.components.items()}}
+        payload["checkpoint_extras"] = extras
+        payload["stored"] = stored
         return json.dumps(payload, indent=2)
     moe = count.active != count.total
     figures = [("total", count.total, "")]
@@ -99,6 +102,13 @@ def cmd_count(args: argparse.Namespace) -> str:
     figures.append(("active without input embedding", count.active_without_embedding, "; as vendors often quote"))
     title = model.name if model.name == model.recipe.title else f"{model.name} ({model.recipe.title})"
     lines = [title] + notes + [f"{label:<31}{n:>19,}  ({scaled(n)}{why})" for label, n, why in figures]
+    if extras:
+        more = sum(e["values"] for e in extras)
+        lines.append(f"{'stored in the checkpoint':<31}{more:>19,}  more values ({scaled(more)}), not parameters transformers builds:")
+        lines += [f"  {e['values']:,}: {e['what']}" for e in extras]
+    if stored is not None:
+        lines.append(f"{'stored as':<31}{stored['bytes']:>19,}  bytes ({stored['title']}, from {stored['source']}: "
+                     f"{stored['tensor_count']:,} tensors; `symparam memory` lists them)")
     tied = " (tied: stored once, in the input embedding)" if model.flags.get("tied") else ""
     rows = [(c + (tied if c == "LM head" else ""), formula(grouped(model.tree, bucket=c)), f"{n:,}", f"{percent(n, count.total)}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
     header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
@@ -108,6 +118,19 @@ def cmd_count(args: argparse.Namespace) -> str:
     for r in table:
         lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip())
     return "\n".join(lines)
+
+
+def as_stored(model: Model, quant: str | None) -> tuple[dict | None, list[dict]]:
+    """How the checkpoint stores the model (a format's layout, or None) and what it stores beyond the parameters; the
+    storage module is loaded only for a model that has either (the cold `count` of most models does without it)."""
+    from symparam.components import leaves
+
+    if quant is None and model.quantization is None and not model.recipe.checkpoint and not any(leaf.buffer for leaf, *_ in leaves(model.tree)):
+        return None, []
+    from symparam.memory import storage
+
+    layout = storage.layout(model, quant)
+    return (layout.report(model.values or {}) if layout is not None else None), storage.checkpoint_extras(model)
 
 
 def cmd_list(args: argparse.Namespace) -> str:
@@ -131,6 +154,12 @@ def add_memory(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="storage format of weights and KV cache (default bf16)")
     add_context(parser)
     parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences held at once (default 1)")
+    add_quant(parser)
+
+
+def add_quant(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quant", metavar="FORMAT", help="store the weights in a quantization format (fp8-block, mxfp4, nvfp4, gptq-4bit-g128, "
+                        "awq-4bit-g128, nf4, int8, ...; none: ignore the config's quantization_config); default: the config's own")
 
 
 def add_context(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -147,7 +176,7 @@ def add_plot(parser: argparse.ArgumentParser) -> None:
 def cmd_memory(args: argparse.Namespace) -> str:
     from symparam import memory
 
-    report = memory.report(model_from(args), args.dtype, args.seq, args.batch)
+    report = memory.report(model_from(args), args.dtype, args.seq, args.batch, args.quant)
     return json.dumps(report, indent=2) if args.json else memory.text(report)
 
 
@@ -300,6 +329,7 @@ def add_derive(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--brief", action="store_true", help="only the chain of equations and the component table")
     parser.add_argument("--fragment", action="store_true", help="LaTeX without preamble, for \\input")
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of printing")
+    add_quant(parser)
 
 
 def cmd_derive(args: argparse.Namespace) -> str:
@@ -308,7 +338,7 @@ def cmd_derive(args: argparse.Namespace) -> str:
 
     given_values = args.model or args.config or args.sets
     model = model_from(args) if given_values else Model(source(args)[1])  # no values: purely symbolic
-    d = derive(model)
+    d = derive(model, args.quant)
     text = html(d, args.lang, args.brief) if args.format == "html" else render(d, args.format, args.lang, args.fragment, args.brief)
     if not args.output:
         return text.rstrip("\n")
@@ -336,7 +366,7 @@ def cmd_docs(args: argparse.Namespace) -> str:
 
 # name -> (help, add arguments, run); each run returns the text to print.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]] = {
-    "count": ("exact total, active and per-component parameter counts", add_source, cmd_count),
+    "count": ("exact total, active and per-component parameter counts", lambda p: (add_source(p), add_quant(p)), cmd_count),
     "list": ("families and presets", lambda p: None, cmd_list),
     "memory": ("weights, KV cache and training memory in bytes, GB and GiB", add_memory, cmd_memory),
     "flops": ("forward and training FLOPs per token", lambda p: (add_source(p), add_context(p)), cmd_flops),

@@ -14,6 +14,19 @@ ONE = sp.Integer(1)
 
 
 @dataclass(frozen=True)
+class Code:
+    """A block's forward program as its recipe writes it, with the sizes and conditions its instance was given."""
+
+    text: str  # one `def` (symparam.programs)
+    where: str  # the recipe entry, for error messages
+    env: tuple[tuple[str, object], ...] = ()  # the block's arguments: formulas (sizes) and conditions (true/false)
+    slots: tuple[tuple[str, tuple[tuple[sp.Expr, str], ...]], ...] = ()  # a layer stack: slot path -> (layers, variant path)
+    stack: bool = False  # the decoder-layer stack: the program runs once per layer kind
+    entries: tuple[str, ...] = ()  # every module and tensor the block declares (a call of one it does not build passes through)
+    kernel: str = ""  # where the forward is a CPU reference path a GPU replaces with a fused kernel: which, and what it keeps
+
+
+@dataclass(frozen=True)
 class Term:
     """A node of a model: one tensor (a leaf) or a group of terms repeated `times` times."""
 
@@ -31,6 +44,9 @@ class Term:
     matmul: bool = True  # a 2-D tensor that multiplies activations (false: a bias or gate shaped [heads, width])
     facts: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # per-module facts: ("cache", (("per_token", expr), ...))
     rows: sp.Expr | None = None  # positions this module runs on for S input tokens, where not S (BLT's patches S/p)
+    code: Code | None = None  # what its forward computes (memory.trace interprets it)
+    dtype: str | None = None  # a leaf stored in this dtype whatever the model's ("F32": transformers keeps it in fp32)
+    module: str | None = None  # the kind of module transformers builds here, where quantizers care: linear, experts, head, embedding, router
 
     @property
     def is_leaf(self) -> bool:
@@ -118,4 +134,4 @@ def tensors(term: Term) -> dict[str, sp.Expr]:
     return {name: sp.expand(e) for name, e in out.items()}
 
 
-__all__ = ["Term", "tensor", "group", "leaves", "walk", "breakdown", "tensors"]
+__all__ = ["Code", "Term", "tensor", "group", "leaves", "walk", "breakdown", "tensors"]

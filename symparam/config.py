@@ -35,6 +35,9 @@ class Resolved:
     notes: tuple[tuple[str, dict[str, str]], ...] = ()  # how the config was read: (catalog phrase, its fields), e.g. ("note_wrapper", {...})
     scope: dict[str, Any] = field(default_factory=dict)  # {"scope": "language model", "wrapper": "gemma3"} for wrappers
     source: Source | None = None  # where the config came from
+    quantization: dict[str, Any] | None = None  # quantization_config (top level, else the language model's), as written
+    dtype: str = "bfloat16"  # torch_dtype (or dtype) the checkpoint's unquantized tensors are stored in
+    config: dict[str, Any] = field(default_factory=dict)  # the language model's config.json with the family's defaults
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
     """Switches and exact symbol values for `raw` (a config dict), read against its family's recipe; `source` says where it came from."""
     if not isinstance(raw, dict):
         raise SymparamError(f"config: expected a JSON object, got {type(raw).__name__}")
+    outer = raw
     raw, recipe, notes, scope = unwrap(raw, recipe)
     notes = ((source.note,) if source is not None and source.note else ()) + notes
     config = {**recipe.defaults, **raw}
@@ -196,7 +200,31 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
     _one_variant_per_layer(recipe, values)
     _checks(recipe, values.known)
     _whole_shapes(tree, values.known, as_subs(values.known))
-    return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope, source)
+    return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope, source,
+                    quantization(outer, raw), stored_dtype(outer, raw), config)
+
+
+def quantization(outer: dict[str, Any], inner: dict[str, Any]) -> dict[str, Any] | None:
+    """quantization_config at the top level, else in the language model's config, as transformers reads it; a value
+    that is not a table is a one-line error. What it says is read where a stored layout is asked for (memory/storage.py):
+    counting does not depend on it."""
+    for where, config in (("quantization_config", outer), ("text_config.quantization_config", inner)):
+        value = config.get("quantization_config")
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise SymparamError(f"{where}: expected a table, got {json.dumps(value)}")
+        return value
+    return None
+
+
+def stored_dtype(outer: dict[str, Any], inner: dict[str, Any]) -> str:
+    """The torch dtype name a config says its weights are stored in (torch_dtype, or dtype as transformers 5 writes it), bfloat16 if none."""
+    for config in (outer, inner):
+        value = config.get("torch_dtype") or config.get("dtype")
+        if isinstance(value, str):
+            return value.removeprefix("torch.")
+    return "bfloat16"
 
 
 def tree_symbols(tree: Term) -> set[sp.Symbol]:

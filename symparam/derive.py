@@ -171,6 +171,19 @@ class Estimate:
 
 
 @dataclass(frozen=True)
+class Storage:
+    """How a checkpoint stores the model under a quantization format: one packed matrix's bytes, the model's, the value."""
+
+    format: str  # the entry of memory/conventions/formats.toml
+    title: str  # its words (translated through the derivation's own table)
+    source: str  # "quantization_config" or "--quant NAME"
+    per_matrix: sp.Expr  # bytes of one packed matrix [d_out, d_in]
+    total: sp.Expr  # bytes of every stored tensor, in the model's symbols
+    value: int | None  # at the config's values
+    tensors: int | None  # tensors the checkpoint holds
+
+
+@dataclass(frozen=True)
 class Derivation:
     """Everything a write-up of one model needs, computed; templates only lay it out."""
 
@@ -194,6 +207,7 @@ class Derivation:
     notes: tuple[tuple[str, dict[str, str]], ...]  # how the config was read (catalog phrase, fields)
     meanings: dict[str, str]  # symbol name -> its meaning in this family
     translations: dict[str, dict[str, str]]  # language -> this family's own words (components, labels, notes, meanings)
+    storage: Storage | None = None  # the stored layout, where the config carries a quantization_config or --quant names one
 
     @property
     def moe(self) -> bool:
@@ -543,8 +557,25 @@ def table(model: Model, count: Count | None) -> tuple[Row, ...]:
     return tuple(rows)
 
 
-def derive(model: Model) -> Derivation:
-    """The derivation of a model: symbolic always, with numbers when the model has values."""
+def storage(model: Model, quant: str | None) -> tuple[Storage | None, dict[str, str]]:
+    """The stored layout as a derivation shows it (and the Chinese of its title), or None without a format."""
+    from symparam.memory import storage as layouts
+
+    layout = layouts.layout(model, quant)
+    if layout is None:
+        return None, {}
+    report = layout.report(model.values) if model.values is not None else None
+    per_matrix = layout.per_matrix if layout.per_matrix is not None else sp.Integer(0)
+    found = Storage(layout.format, layout.title, layout.source, per_matrix, sp.expand(layout.total),
+                    report["bytes"] if report else None, report["tensor_count"] if report else None)
+    zh = layouts.formats()[layout.format].spec.get("zh") if layout.format in layouts.formats() else None
+    return found, ({layout.title: zh} if zh else {})
+
+
+def derive(model: Model, quant: str | None = None) -> Derivation:
+    """The derivation of a model: symbolic always, with numbers when the model has values; with the stored layout
+    where the config carries a quantization_config or `quant` names a format."""
+    stored, stored_zh = storage(model, quant)
     subs = model.substitution() if model.values is not None else None
     walker = _Walker(model.name, subs)
     walker.walk(model.tree, model.tree.key, None)
@@ -573,8 +604,9 @@ def derive(model: Model) -> Derivation:
         estimate=estimate(model, subs, total_value),
         notes=model.notes,
         meanings={name: s.meaning for name, s in model.recipe.symbols.items()},
-        translations={"zh": {**model.recipe.zh, **{s.meaning: s.zh for s in model.recipe.symbols.values() if s.zh}}},
+        translations={"zh": {**model.recipe.zh, **{s.meaning: s.zh for s in model.recipe.symbols.values() if s.zh}, **stored_zh}},
+        storage=stored,
     )
 
 
-__all__ = ["ASSUMPTIONS", "Assumption", "Chain", "ClosedForm", "Derivation", "Estimate", "Factor", "M", "Ref", "Row", "Step", "derive", "grouped"]
+__all__ = ["ASSUMPTIONS", "Assumption", "Chain", "ClosedForm", "Derivation", "Storage", "Estimate", "Factor", "M", "Ref", "Row", "Step", "derive", "grouped"]

@@ -311,7 +311,7 @@ class Reader:
     def header(self, url: str, what: str, missing_ok: bool = False) -> tuple[dict[str, Any], int] | None:
         """A safetensors file's header and the bytes read: the 8-byte length, checked, then exactly the header; never a
         byte of tensor data (huggingface_hub asks for 100 kB at once, which holds tensor data after a small header)."""
-        from symparam.verify import header_length, parse_header
+        from symparam.safetensors import header_length, parse_header
 
         got = self.get(url, 0, 8, what, missing_ok)
         if got is None:
@@ -324,7 +324,7 @@ class Reader:
 
     def index(self, url: str, what: str, missing_ok: bool = False) -> dict[str, Any] | None:
         """A safetensors index (at most MAX_INDEX bytes), or None for a missing file when `missing_ok`."""
-        from symparam.verify import MAX_INDEX, parse_index
+        from symparam.safetensors import MAX_INDEX, parse_index
 
         got = self.get(url, 0, MAX_INDEX + 1, what, missing_ok)
         if got is None:

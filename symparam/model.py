@@ -61,7 +61,8 @@ class Model:
     """One architecture (a recipe with its switches set) as SymPy expressions, optionally with values."""
 
     def __init__(self, recipe: Recipe, flags: Mapping[str, bool] | None = None, values: Mapping[str, int] | None = None, name: str = "",
-                 notes: tuple = (), scope: Mapping[str, Any] | None = None, source: Source | None = None):
+                 notes: tuple = (), scope: Mapping[str, Any] | None = None, source: Source | None = None,
+                 quantization: Mapping[str, Any] | None = None, dtype: str = "bfloat16", config: Mapping[str, Any] | None = None):
         self.recipe = recipe
         self.flags = {**recipe.default_switches(), **(flags or {})}
         self.values = dict(values) if values is not None else None
@@ -69,10 +70,13 @@ class Model:
         self.notes = tuple(notes)  # how the config was read: (catalog phrase, fields), e.g. the language model of a wrapper
         self.scope = dict(scope or {})  # {"scope": "language model", "wrapper": "gemma3"} for a multimodal config
         self.source = source  # where the config came from: a catalog preset, a file, the Hugging Face cache or the Hub
+        self.quantization = dict(quantization) if quantization is not None else None  # quantization_config as written (memory/storage.py reads it)
+        self.dtype = dtype  # torch dtype name of the checkpoint's unquantized tensors ("bfloat16")
+        self.config = dict(config if config is not None else recipe.defaults)  # config.json with the family's defaults: what forwards read
 
     @classmethod
     def from_resolved(cls, r: Resolved) -> Model:
-        return cls(r.recipe, r.flags, r.values, r.name, r.notes, r.scope, r.source)
+        return cls(r.recipe, r.flags, r.values, r.name, r.notes, r.scope, r.source, r.quantization, r.dtype, r.config)
 
     @cached_property
     def tree(self) -> Term:

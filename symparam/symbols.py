@@ -116,8 +116,18 @@ _OPERATORS: dict[type, Callable[[Any, Any], Any]] = {
 }
 
 
+class digits(sp.Function):
+    """Decimal digits of a whole number (bitsandbytes writes a tensor's shape into its JSON quant_state)."""
+
+    @classmethod
+    def eval(cls, x: sp.Expr) -> sp.Expr | None:
+        return sp.Integer(len(str(int(x)))) if x.is_Integer and x > 0 else None
+
+
 FORMULA_FUNCTIONS: dict[str, Callable[[sp.Expr], sp.Expr]] = {
     "isqrt": lambda x: sp.floor(sp.sqrt(x)),  # Doge's retrieval experts: 2*isqrt(n) router rows
+    "ceil": sp.ceiling,  # quantization formats: one scale per started block, ceil(d_out/128)
+    "digits": digits,  # quantization formats: a shape written as text
 }
 
 

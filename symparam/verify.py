@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import re
-import stat
-import struct
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,18 +12,10 @@ import sympy as sp
 from sympy.printing.str import StrPrinter
 
 from symparam.components import Term, leaves
-from symparam.config import loads
 from symparam.errors import SymparamError
-from symparam.files import existing, opened, read_bytes, shown, status
 from symparam.model import Model
+from symparam.safetensors import DTYPE_BYTES, DTYPE_NAMES, Tensor, header_tensors, locate, read_index, tensors
 from symparam.symbols import evaluate, make
-
-# Bytes per stored element, by safetensors dtype; and config.json / --dtype names of those dtypes.
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-DTYPE_NAMES = {
-    "float32": "F32", "fp32": "F32", "float16": "F16", "fp16": "F16", "bfloat16": "BF16", "bf16": "BF16",
-    "float8_e4m3fn": "F8_E4M3", "fp8": "F8_E4M3", "int8": "I8", "float64": "F64",
-}
 
 # transformers' naming that every family shares; what one family names its own way is in its recipe's [names] tables.
 PREFIXES = ("model.", "transformer.")  # base-model wrappers in front of the module path; lm_head sits outside them
@@ -55,21 +45,9 @@ EXPLANATIONS = {
 }
 
 
-@dataclass(frozen=True)
-class Stored:
-    """One tensor of the checkpoint, from its header."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def numel(self) -> int:
-        """Parameters the tensor holds: its elements, times the packing of a quantisation format."""
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count * next((per for suffix, (_, per) in PACKED_FORMATS.items() if self.name.endswith(suffix)), 1)
+def parameters_in(t: Tensor) -> int:
+    """Parameters a stored tensor holds: its elements, times the packing of a quantisation format."""
+    return t.elements * next((per for suffix, (_, per) in PACKED_FORMATS.items() if t.name.endswith(suffix)), 1)
 
 
 @dataclass
@@ -125,91 +103,6 @@ class Report:
             "source": self.source, "unit": self.unit, "expected": self.expected, "found": self.found, "match": self.match,
             "mismatches": self.mismatches, "components": self.components, "not_parameters": self.not_parameters, "notes": self.notes,
         }
-
-
-# --- reading ---------------------------------------------------------------------------------------------------
-
-
-# The most header bytes read from one safetensors file (local or remote), the limit the safetensors library itself sets:
-# a length past it is refused before anything is allocated or fetched.
-MAX_HEADER = 100_000_000
-MAX_INDEX = 100_000_000  # the largest safetensors index read, local or remote
-
-
-def header_length(head: bytes, where: str, size: int | None) -> int:
-    """The header length a safetensors file's first 8 bytes state (little-endian), checked against the cap and the file size."""
-    if len(head) < 8:
-        raise SymparamError(f"{where}: not a safetensors file (shorter than 8 bytes)")
-    (length,) = struct.unpack("<Q", head[:8])
-    if length > MAX_HEADER:
-        raise SymparamError(f"{where}: not a safetensors file (its header claims {length:,} bytes; symparam reads at most {MAX_HEADER:,})")
-    if size is not None and length > size - 8:
-        raise SymparamError(f"{where}: truncated safetensors header (it claims {length:,} bytes, the file holds {size - 8:,} after the length)")
-    return length
-
-
-def parse_header(data: bytes, where: str) -> dict[str, Any]:
-    """The JSON object of a safetensors header."""
-    header = loads(data, f"{where}: safetensors header")
-    if not isinstance(header, dict):
-        raise SymparamError(f"{where}: not a safetensors file (header is not a JSON object)")
-    return header
-
-
-def read_header(path: Path) -> dict[str, Any]:
-    """The JSON header of one .safetensors file: 8-byte little-endian length, then that many bytes of JSON."""
-    with opened(path) as (f, size):
-        length = header_length(f.read(8), shown(path), size)
-        return parse_header(f.read(length), shown(path))
-
-
-def stored_tensors(header: dict[str, Any], where: str) -> list[Stored]:
-    """Every tensor a safetensors header lists, with dtype and shape."""
-    out = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        shape = info.get("shape") if isinstance(info, dict) else None
-        if not isinstance(shape, list) or not all(type(x) is int and x >= 0 for x in shape) or not isinstance(info.get("dtype"), str):
-            raise SymparamError(f"{where}: tensor {name!r} has no valid dtype and shape in the header")
-        out.append(Stored(name, info["dtype"], tuple(shape)))
-    return out
-
-
-def tensors(path: Path) -> list[Stored]:
-    """Every tensor a .safetensors file stores, with dtype and shape."""
-    return stored_tensors(read_header(path), str(path))
-
-
-def parse_index(data: bytes | str, where: str) -> dict[str, Any]:
-    """A model.safetensors.index.json's text as data: its metadata and weight_map."""
-    index = loads(data, where)
-    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
-        raise SymparamError(f"{where}: not a safetensors index (no weight_map)")
-    return index
-
-
-def read_index(path: Path) -> dict[str, Any]:
-    """A model.safetensors.index.json file: its metadata and weight_map."""
-    return parse_index(read_bytes(path, MAX_INDEX, "safetensors index"), shown(path))
-
-
-def locate(path: str | Path) -> tuple[list[Path], Path | None]:
-    """(shard files to read, the index file if any) for a file, a directory of shards, or an index.json."""
-    path = Path(path)
-    if stat.S_ISDIR(status(path).st_mode):
-        shards = sorted(path.glob("*.safetensors"))
-        index = next(iter(sorted(path.glob("*.safetensors.index.json"))), None)
-        if not shards and index is None:
-            raise SymparamError(f"{shown(path)}: no .safetensors files or index in this directory")
-        return shards, index
-    if path.name.endswith(".index.json"):
-        files = sorted({str(v) for v in read_index(path)["weight_map"].values()})
-        shards = [path.parent / f for f in files]
-        return (shards if all(existing(s) for s in shards) else []), path
-    if path.suffix == ".safetensors":
-        return [path], None
-    raise SymparamError(f"{shown(path)}: expected a .safetensors file, a directory of shards or a model.safetensors.index.json")
 
 
 # --- the model side --------------------------------------------------------------------------------------------
@@ -327,10 +220,10 @@ class Unit:
     """Canonical names a set of stored tensors covers (one, or several for a fused tensor), and what is stored."""
 
     names: set[str] = field(default_factory=set)
-    stored: list[Stored] = field(default_factory=list)
+    stored: list[Tensor] = field(default_factory=list)
 
 
-def group_units(model_tensors: dict[str, Expected], stored: list[tuple[Stored, list[str]]]) -> list[Unit]:
+def group_units(model_tensors: dict[str, Expected], stored: list[tuple[Tensor, list[str]]]) -> list[Unit]:
     """Join canonical names that share stored tensors (fused experts) into units; every expected name is in one."""
     owner: dict[str, Unit] = {}
     for name in model_tensors:
@@ -416,8 +309,14 @@ def _switch_hint(model: Model, label: str) -> str:
     return f": check the bias switches ({', '.join(keys)})" if keys else ": the family has no bias here"
 
 
-def compare(model: Model, stored: list[Stored], source: str) -> Report:
-    """Expected tensors of `model` against the stored tensors, grouped into components."""
+def compare(model: Model, stored: list[Tensor], source: str) -> Report:
+    """Expected tensors of `model` against the stored tensors, grouped into components; a checkpoint whose config
+    carries a quantization_config is compared part by part against its stored layout (compare_stored)."""
+    from symparam.memory import storage
+
+    layout = storage.layout(model)
+    if layout is not None:
+        return compare_stored(model, layout, stored, source)
     values = model.values or {}
     renames, rules = name_tables(model)
     layers = values.get("N")
@@ -434,7 +333,7 @@ def compare(model: Model, stored: list[Stored], source: str) -> Report:
             seen_layers.add(layer)
         params.append((t, names))
     units = group_units(model_tensors, params)
-    rows = [(u, sp.Add(*(model_tensors[n].expr for n in u.names if n in model_tensors)), sum(t.numel for t in u.stored)) for u in units]
+    rows = [(u, sp.Add(*(model_tensors[n].expr for n in u.names if n in model_tensors)), sum(parameters_in(t) for t in u.stored)) for u in units]
     fit = diagnose(rows, values)
     mismatches, components = [], defaultdict(lambda: {"expected": 0, "found": 0})
     for i, (unit, expr, found) in enumerate(rows):
@@ -447,10 +346,53 @@ def compare(model: Model, stored: list[Stored], source: str) -> Report:
     if layers is not None and seen_layers and len(seen_layers) < layers:
         missing = sorted(set(range(layers)) - seen_layers)
         mismatches.append(f"layers: the checkpoint stores {len(seen_layers)} decoder layers, the config says {layers} (num_hidden_layers); missing: {_ranges(missing)}")
-    expected_total, found_total = model.count().total, sum(t.numel for t, _ in params)
+    expected_total, found_total = model.count().total, sum(parameters_in(t) for t, _ in params)
     order = list(model.components) + ["not in the model"]
     table = {b: components[b] for b in order if b in components}
     return Report(source, expected_total, found_total, not mismatches and expected_total == found_total, mismatches, table, skipped)
+
+
+def compare_stored(model: Model, layout: Any, stored: list[Tensor], source: str) -> Report:
+    """A quantized checkpoint part by part: every tensor of the stored layout (packed weights, scales, zero points, group
+    indices, tensors kept as they are, the checkpoint's extras) by name with layer and expert indices left out, with its
+    count, shape and dtype; bytes per component. Scales and zeros are expected tensors, not mismatches."""
+    values = model.values or {}
+    renames = model.recipe.names.get("rename", {})
+    rules = {**{k: v for k, v in COMMON_NOT_PARAMETERS.items() if "scale" not in v and "state" not in v}, **model.recipe.names.get("not_parameters", {})}
+    report = layout.report(values)
+    buckets = {name: e.bucket for name, e in expected_tensors(model.tree).items()}
+    expected: dict[str, Counter] = defaultdict(Counter)
+    bucket_of: dict[str, str] = {}
+    for t in report["tensors"]:
+        name = strip(t["name"])
+        expected[name][(tuple(t["dims"]), t["dtype"])] += t["count"]
+        bucket_of[name] = "checkpoint extras" if "extra" in t else buckets.get(strip(t["stores"]), "other")
+    found: dict[str, Counter] = defaultdict(Counter)
+    components: dict[str, dict[str, int]] = defaultdict(lambda: {"expected": 0, "found": 0})
+    for t in report["tensors"]:
+        components[bucket_of[strip(t["name"])]]["expected"] += t["bytes"]
+    skipped, mismatches = [], []
+    for t in stored:
+        name = INDEX.sub("", strip(t.name))
+        for pattern, replacement in renames.items():
+            name = re.sub(pattern, replacement, name)
+        why = None if name in expected else next((why for pattern, why in rules.items() if re.search(pattern, t.name)), None)
+        if why:
+            skipped.append({"tensor": t.name, "shape": str(list(t.shape)), "dtype": t.dtype, "reason": why})
+            continue
+        found[name][(t.shape, t.dtype)] += 1
+        components[bucket_of.get(name, "not in the layout")]["found"] += t.bytes or 0
+    for name in sorted(set(expected) | set(found)):
+        if expected[name] != found[name]:
+            mismatches.append(f"{name}: expected {_parts(expected[name]) or 'nothing'}, found {_parts(found[name]) or 'nothing'}")
+    found_bytes = sum(t.bytes or 0 for t in stored if not any(s["tensor"] == t.name for s in skipped))
+    note = f"stored as {layout.title} (from {layout.source}): compared part by part, {report['tensor_count']:,} tensors expected"
+    return Report(source, report["bytes"], found_bytes, not mismatches and found_bytes == report["bytes"], mismatches, dict(components), skipped, [note], unit="bytes")
+
+
+def _parts(counts: Counter) -> str:
+    """{((12, 56), "F32"): 61} as "61 x F32[12, 56]"."""
+    return ", ".join(f"{n:,} x {dtype}{list(shape)}" for (shape, dtype), n in sorted(counts.items(), key=str))
 
 
 def compare_index(model: Model, index_path: Path, dtype: str) -> Report:
@@ -459,6 +401,14 @@ def compare_index(model: Model, index_path: Path, dtype: str) -> Report:
     size = index.get("metadata", {}).get("total_size") if isinstance(index.get("metadata"), dict) else None
     if type(size) is not int or size < 0:
         raise SymparamError(f"{index_path}: metadata.total_size is missing or not a whole number of bytes")
+    from symparam.memory import storage
+
+    layout = storage.layout(model)
+    if layout is not None:  # a quantized checkpoint: total_size against its stored layout, exactly
+        expected = layout.report(model.values or {})["bytes"]
+        words = [] if size == expected else [f"total_size: expected {expected:,} bytes stored as {layout.title}, found {size:,} bytes ({size - expected:+,})"]
+        notes = [f"only the index was read: {len(index['weight_map'])} tensors named, no shapes; total_size compared with the stored layout ({layout.source})"]
+        return Report(str(index_path), expected, size, not words, words, {}, [], notes, unit="bytes")
     code = DTYPE_NAMES.get(dtype, dtype)
     if code not in DTYPE_BYTES:
         raise SymparamError(f"--dtype: unknown {dtype!r}; known: {', '.join(DTYPE_NAMES)}")
@@ -534,7 +484,7 @@ def verify_remote(model: Model, target: str, revision: str) -> Report:
 
     configured(model)
     checkpoint = remote_checkpoint(target, revision)
-    stored = [t for name, header in checkpoint.headers for t in stored_tensors(header, name)]
+    stored = [t for name, header in checkpoint.headers for t in header_tensors(header, name)]
     report = compare(model, stored, checkpoint.label)
     read = f"read over HTTP: the headers of {len(checkpoint.headers)} safetensors file(s), {checkpoint.read:,} bytes, no tensor data"
     return replace(report, notes=[*report.notes, read])
@@ -563,4 +513,4 @@ def text(report: Report) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["verify", "verify_remote", "compare", "compare_index", "Report", "MAX_HEADER", "header_length", "parse_header", "parse_index", "read_header", "stored_tensors", "tensors", "expected_tensors", "normalise", "config_dtype", "text"]
+__all__ = ["verify", "verify_remote", "compare", "compare_index", "Report", "expected_tensors", "normalise", "config_dtype", "text"]

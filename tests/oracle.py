@@ -173,3 +173,76 @@ def classic_oracle(config: dict[str, Any]) -> Oracle:
 def oracle(config: dict[str, Any], **routing_hints: str) -> Oracle:
     """The reference count of any supported config dict."""
     return classic_oracle(config) if config["model_type"] == "classic" else hf_oracle(config, **routing_hints)
+
+
+@functools.cache
+def trained_model(config_json: str, dtype: str) -> nn.Module:
+    """The tiny random transformers model of a config on CPU, cast to `dtype` and in training mode (built once)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = hf_config(json.loads(config_json))
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    return model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+
+
+def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "sdpa", checkpointing: bool = False,
+                batch: int = 2, seq: int = 5, modules: set[str] | None = None) -> dict[str, int]:
+    """What autograd keeps for backward in one training forward with the loss of the tiny random transformers model of
+    `config` on CPU: bytes of every storage a `saved_tensors_hooks` pack hook sees, once, parameters and buffers
+    excluded, attributed to the module whose forward allocated it (layer indices left out; folded up to the nearest of
+    `modules`, symparam's modules; "(inputs)" for the batch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    model = trained_model(json.dumps(config, sort_keys=True), dtype)
+    model.set_attn_implementation(attention)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    else:
+        model.gradient_checkpointing_disable()
+    weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    stack, created, alive = [""], {}, []
+
+    def enter(name: str):
+        return lambda module, args: stack.append(name)
+
+    def leave(module, args, output) -> None:
+        stack.pop()
+
+    hooks = []
+    for name, module in model.named_modules():
+        hooks += [module.register_forward_pre_hook(enter(name)), module.register_forward_hook(leave)]
+
+    class Creators(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    alive.append(t)  # held, so no later tensor reuses its address
+                    created.setdefault(t.untyped_storage().data_ptr(), stack[-1])
+            return out
+
+    saved: dict[int, tuple[int, str]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in weights and ptr not in saved:
+            saved[ptr] = (t.untyped_storage().nbytes(), created.get(ptr, "(inputs)"))
+        return t
+
+    generator = torch.Generator().manual_seed(batch * 1000 + seq)
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq), generator=generator)
+    try:
+        with Creators(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    out: dict[str, int] = {}
+    for nbytes, creator in saved.values():
+        name = normal(creator)
+        while modules is not None and name not in modules and name not in ("", "(inputs)"):
+            name = name.rpartition(".")[0]
+        out[name] = out.get(name, 0) + nbytes
+    return out

@@ -247,6 +247,7 @@ def untranslated(d, lang: str = "zh") -> set[str]:
     used = {("titles", s.title) for s in d.steps[1:]} | {("titles", r.title) for s in d.steps for r in s.refs}
     used |= {("titles", r.component) for r in d.rows} | {("notes", f.note) for s in d.steps for f in s.factors if f.note}
     used |= {("meanings", d.meanings[str(s)]) for s in d.symbols}
+    used |= {("titles", d.storage.title)} if d.storage is not None else set()
     return {text for section, text in used if translate(table, own, section, text) is None}
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from symparam import load
 from symparam.cli import main
-from symparam.verify import read_header, verify
+from symparam.safetensors import read_header
+from symparam.verify import verify
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")

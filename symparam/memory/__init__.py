@@ -90,8 +90,12 @@ def sizes(n_bytes: int) -> dict[str, Any]:
     return {"bytes": n_bytes, "GB": float(f"{n_bytes / GB:.6g}"), "GiB": float(f"{n_bytes / GiB:.6g}")}
 
 
-def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch: int = 1) -> dict[str, Any]:
-    """Every memory figure of a configured model, with its formula; `seq` defaults to the model's maximum context."""
+def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch: int = 1, quant: str | None = None) -> dict[str, Any]:
+    """Every memory figure of a configured model, with its formula; `seq` defaults to the model's maximum context. The
+    weights are the checkpoint's stored layout where the config carries a quantization_config or `quant` names a
+    format (storage.py), else the parameters times the dtype's bytes."""
+    from symparam.memory import storage
+
     t = dtype(dtype_name)
     subs = substitution(model, seq, batch)
     seq = int(subs[S])
@@ -125,6 +129,10 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
         "parts": {name: sizes(parameters * n) for name, n in TRAINING},
     }
     weight = {**sizes(whole_bytes(parameters, t.bytes)), "formula": "parameters*b", "note": t.note}
+    layout = storage.layout(model, quant)
+    stored = layout.report(model.values or {}) if layout is not None else None
+    if stored is not None:
+        weight = {**sizes(stored["bytes"]), "formula": stored["formula"], "note": f"as the checkpoint stores them: {stored['title']} (read from {stored['source']})"}
     return {
         "name": model.name,
         "family": model.recipe.family,
@@ -141,6 +149,7 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
         "kv_cache": kv,
         "state": state,
         "training": train,
+        "stored": stored,
         "units": "GB = 10^9 bytes, GiB = 2^30 bytes",
     }
 
@@ -155,8 +164,9 @@ def text(r: dict[str, Any]) -> str:
     window = f"; {kv['sliding_layers']} of the layers keep at most W = {kv['window']:,} tokens" if kv["window"] else ""
     lines = [
         f"{r['name']} ({r['family']}): {r['parameters']:,} parameters, {r['dtype']} = {r['bytes_per_value']} byte(s) per value",
-        row("weights", r["weights"]) + "    = parameters * b",
+        row("weights", r["weights"]) + ("    = parameters * b" if r["stored"] is None else ""),
         f"{'':<10} {r['weights']['note']}",
+        *(stored_lines(r["stored"]) if r["stored"] is not None else []),
         row("KV cache", kv) + f"    = {kv['formula']}",
         *[f"{'':<10} {p['layers']:,} layers ({p['module']}): {p['per_token_per_layer_values']:,} values per token per layer ({p['what']})" for p in kv["parts"]],
         f"{'':<10} grows with S = {r['seq']:,} tokens, B = {r['batch']} sequence(s){window}",
@@ -167,6 +177,21 @@ def text(r: dict[str, Any]) -> str:
     lines.append(f"{'':<10} = " + " + ".join(f"{name} {decimal(Fraction(part['bytes'], GB), 3)} GB" for name, part in r["training"]["parts"].items()))
     lines.append("units: GB = 10^9 bytes, GiB = 2^30 bytes")
     return "\n".join(lines)
+
+
+def stored_lines(stored: dict[str, Any]) -> list[str]:
+    """The stored layout in a few lines: its rule per matrix, its total as a formula, what is kept and what is extra."""
+    pad = " " * 11
+    lines = [f"{pad}{stored['tensor_count']:,} tensors; per packed matrix [d_out, d_in]: {stored['per_matrix']} bytes"] if stored["per_matrix"] else []
+    lines.append(f"{pad}= {stored['formula']}")
+    lines += [f"{pad}kept as they are: {', '.join(k['tensors'])}: {k['why']}" for k in stored["kept"]]
+    extras = {t["extra"]: 0 for t in stored["tensors"] if "extra" in t}
+    for t in stored["tensors"]:
+        if "extra" in t:
+            extras[t["extra"]] += t["bytes"]
+    lines += [f"{pad}of which {n:,} bytes: {what}" for what, n in extras.items()]
+    lines += [f"{pad}note: {n}" for n in stored["notes"]]
+    return lines
 
 
 __all__ = ["DTYPES", "TRAINING", "kv_values", "kv_cache", "state_values", "weights", "training", "report", "sizes", "whole_bytes", "text"]

@@ -33,11 +33,12 @@ MAX_TERMS = 10_000  # modules and tensors a recipe's tree may expand to (the lar
 MAX_BLOCK_DEPTH = 32  # blocks inside blocks (the deepest built-in recipe nests 8)
 ROOT = "causal_lm"  # the block a model is built from
 TOP_LEVEL = {"family", "title", "model_types", "architectures", "wrappers", "summary", "extends", "defaults", "symbols",
-             "switches", "blocks", "lists", "checks", "names", "zh"}
-OWN = ("family", "title", "model_types", "architectures", "wrappers", "summary")  # never inherited through `extends`
+             "switches", "blocks", "lists", "checks", "names", "zh", "checkpoint", "functions"}
+OWN = ("family", "title", "model_types", "architectures", "wrappers", "summary", "checkpoint")  # never inherited through `extends`
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
-                "buffer", "lookup", "layers", "matmul"}
-BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows"}
+                "buffer", "lookup", "layers", "matmul", "dtype", "module"}
+BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module", "forward", "kernel"}
+MODULE_KINDS = ("linear", "conv1d", "experts", "head", "embedding", "router", "kept")  # kept: a module the modeling keeps unquantized  # `module = ...` of a block: what quantization formats read
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
     "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
@@ -67,6 +68,8 @@ class Entry:
     lookup: bool
     matmul: bool  # a 2-D tensor that multiplies activations (FLOPs); false for a bias or gate shaped as a matrix
     layers: bool  # the decoder-layer stack: entries inside may be variants chosen per layer
+    dtype: str | None = None  # the dtype it is stored in whatever the model's (transformers' _keep_in_fp32_modules_strict): "F32"
+    module: str | None = None  # a sub-block's module kind where it differs from its block's ("kept": _keep_in_fp32_modules)
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,9 @@ class Recipe:
     checks: dict[str, str] = field(default_factory=dict)  # rule over symbol values -> message when it fails
     names: dict[str, dict[str, str]] = field(default_factory=dict)  # [names.rename] / [names.not_parameters]
     zh: dict[str, str] = field(default_factory=dict)  # English words of this recipe -> Chinese
+    functions: dict[str, str] = field(default_factory=dict)  # [functions]: name -> a program its blocks' forwards call
     source: str = ""  # where the recipe was read from
+    checkpoint: dict[str, dict[str, str]] = field(default_factory=dict)  # [checkpoint]: what published checkpoints store beyond the model
 
     def config_keys(self, symbol: str) -> tuple[str, ...]:
         """The config keys a symbol is read from in this family."""
@@ -140,6 +145,16 @@ class Recipe:
         """The model tree with every switch set (library defaults where `switches` is silent); layer variants whose
         count is in `absent` (0 for a config) are left out, so the layers that remain group as they really are."""
         return _Builder(self, {**self.default_switches(), **(switches or {})}, absent).block(ROOT, "", {}, {})
+
+    def build_extras(self, switches: Mapping[str, bool] | None = None) -> list[tuple[str, str, c.Term]]:
+        """What the published checkpoints store beyond the model transformers builds ([checkpoint]): (where in the
+        checkpoint, what it is, its tree with `times` copies), e.g. DeepSeek-V3's multi-token-prediction layer."""
+        builder = _Builder(self, {**self.default_switches(), **(switches or {})})
+        out = []
+        for spec in self.checkpoint.values():
+            term = builder.block(spec["block"], spec.get("key", ""), {}, {})
+            out.append((spec.get("path", ""), spec["what"], replace(term, times=parse(spec.get("times", 1), known=make))))
+        return out
 
 
 def truthy(value: Any, key: str, default: Any = None) -> bool:
@@ -196,18 +211,20 @@ class _Builder:
             if isinstance(spec, tuple):
                 if hoist is None:
                     raise SymparamError(f"{self.recipe.source}: [blocks.{name}] {entry_key}: variants are only allowed inside the layer stack")
-                self.variants(spec, env, hoist, count, path)
+                self.variants(spec, env, hoist, count, path, f"{path}.{entry_key}" if path else entry_key)
                 continue
             term = self.entry(spec, env, hoist, count, path)
             if term is not None:
                 children.append(term)
         meta = block.meta
+        code = c.Code(meta["forward"], f"{self.recipe.source}: [blocks.{name}] forward", _bound(env), entries=_keys(block),
+                      kernel=self.words(meta.get("kernel"), env)) if "forward" in meta else None
         facts = tuple((fact, tuple((k, self.formula(v, env) if k in FACTS[fact][0] else self.words(v, env)) for k, v in sorted(meta[fact].items())))
                       for fact in FACTS if fact in meta)
         return c.Term(key=key, label=self.words(words.get("label") or meta.get("label") or name, env),
                       note=self.words(words.get("note") or meta.get("note", ""), env),
                       children=tuple(children), component=words.get("component") or meta.get("component"), facts=facts,
-                      rows=self.formula(meta["rows"], env) if "rows" in meta else None)
+                      rows=self.formula(meta["rows"], env) if "rows" in meta else None, module=meta.get("module"), code=code)
 
     def entry(self, e: Entry, env: Mapping[str, Any], hoist: list | None, count: sp.Expr | None, path: str) -> c.Term | None:
         """A tensor or a sub-block instance, or None where its switch is off."""
@@ -216,7 +233,7 @@ class _Builder:
         if e.shape:
             return c.Term(key=e.key, label=self.words(e.label or e.key, env), note=self.words(e.note, env),
                           shape=tuple(self.formula(s, env) for s in e.shape), component=e.component,
-                          tied=self.on(e.tied, env) if e.tied else False, buffer=e.buffer, lookup=e.lookup, matmul=e.matmul)
+                          tied=self.on(e.tied, env) if e.tied else False, buffer=e.buffer, lookup=e.lookup, matmul=e.matmul, dtype=e.dtype)
         block = self.recipe.blocks[e.block]
         args = self.bind(block, e, env)
         words = {"label": e.label and self.words(e.label, env), "note": e.note and self.words(e.note, env), "component": e.component}  # $note of this level, then passed down
@@ -224,10 +241,11 @@ class _Builder:
             return self.stack(e, args, words)
         term = self.block(e.block, e.key, args, words, hoist, count, f"{path}.{e.key}" if path else e.key)
         times = self.formula(e.times, env) if e.times else c.ONE
-        return replace(term, times=times, active_times=self.formula(e.active, env) if e.active else times)
+        return replace(term, times=times, active_times=self.formula(e.active, env) if e.active else times, module=e.module or term.module)
 
-    def variants(self, spec: tuple[Entry, ...], env: Mapping[str, Any], hoist: list, count: sp.Expr, path: str) -> None:
-        """A slot whose module differs by layer: each conditional variant counts its layers; the last may take the rest."""
+    def variants(self, spec: tuple[Entry, ...], env: Mapping[str, Any], hoist: list, count: sp.Expr, path: str, slot: str) -> None:
+        """A slot whose module differs by layer: each conditional variant counts its layers; the last may take the rest.
+        Hoisted as [layers, path in the layer, term, slot path]."""
         rest = count
         for v in spec:
             if v.count in self.absent:
@@ -237,7 +255,7 @@ class _Builder:
             at = len(hoist)
             term = self.entry(v, env, hoist, n, path)
             if term is not None:
-                hoist.insert(at, [n, f"{path}.{v.key}" if path else v.key, term])
+                hoist.insert(at, [n, f"{path}.{v.key}" if path else v.key, term, slot])
 
     def stack(self, e: Entry, args: Mapping[str, Any], words: Mapping[str, Any]) -> c.Term:
         """The decoder layers: the layer block's parts grouped by how many layers have them (N, N_dense, N - N_dense, ...)."""
@@ -245,12 +263,26 @@ class _Builder:
         hoist: list = []
         layer = self.block(e.block, "", args, words, hoist, layers)
         groups: dict[sp.Expr, list[c.Term]] = {}
-        for n, key, term in [(layers, t.key, t) for t in layer.children] + hoist:
+        slots: dict[str, list[tuple[sp.Expr, str]]] = {}
+        for n, key, term, slot in [(layers, t.key, t, None) for t in layer.children] + hoist:
             groups.setdefault(n, []).append(replace(term, key=key))
+            if slot is not None:
+                slots.setdefault(slot, []).append((n, key))
+        code = layer.code and replace(layer.code, slots=tuple((k, tuple(v)) for k, v in slots.items()), stack=True)
         one = len(groups) == 1  # a single kind is the stack itself; several sit in it unnamed (model.layers.<module>)
         kinds = [c.group(e.key if one else "", layer.label if n == layers else _layers_label(self.recipe, n, terms), terms, times=n, component=layer.component)
                  for n, terms in groups.items()]
-        return kinds[0] if one else c.group(e.key, layer.label, kinds)
+        return replace(kinds[0], code=code) if one else c.group(e.key, layer.label, kinds, code=code)
+
+
+def _keys(block: Block) -> tuple[str, ...]:
+    """The module and tensor names a block declares, as transformers names them (every variant's too)."""
+    return tuple(e.key for _, spec in block.entries for e in (spec if isinstance(spec, tuple) else (spec,)))
+
+
+def _bound(env: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A block's arguments as its forward program reads them: sizes (formulas) and conditions (true/false)."""
+    return tuple(sorted((k, v) for k, v in env.items() if isinstance(v, (sp.Expr, bool))))
 
 
 def _layers_label(recipe: Recipe, count: sp.Expr, terms: list[c.Term]) -> str:
@@ -405,7 +437,23 @@ def _entry(key: str, spec: Any, where: str) -> Entry:
         lookup=bool(spec.get("lookup", False)),
         matmul=bool(spec.get("matmul", True)),
         layers=bool(spec.get("layers", False)),
+        dtype=None if "dtype" not in spec else _dtype(spec["dtype"], where),
+        module=_module(spec.get("module"), where),
     )
+
+
+def _module(value: Any, where: str) -> str | None:
+    if value is not None and value not in MODULE_KINDS:
+        raise SymparamError(f"{where}: module {value!r} is not a module kind; known: {', '.join(MODULE_KINDS)}")
+    return value
+
+
+def _dtype(value: Any, where: str) -> str:
+    from symparam.safetensors import DTYPE_BYTES
+
+    if value not in DTYPE_BYTES:
+        raise SymparamError(f"{where}: dtype {value!r} is not a safetensors dtype; known: {', '.join(DTYPE_BYTES)}")
+    return value
 
 
 def _block(name: str, table: Any, source: str, switches: set[str]) -> Block:
@@ -420,6 +468,8 @@ def _block(name: str, table: Any, source: str, switches: set[str]) -> Block:
         formulas, texts = FACTS[fact]
         if not isinstance(meta[fact], dict) or set(meta[fact]) - formulas - texts:
             raise SymparamError(f"{where} {fact}: expected a table of {', '.join(sorted(formulas | texts))}")
+    if meta.get("module", MODULE_KINDS[0]) not in MODULE_KINDS:
+        raise SymparamError(f"{where} module: unknown kind {meta['module']!r}; known: {', '.join(MODULE_KINDS)}")
     entries = []
     for key, spec in table.items():
         if key in BLOCK_META:
@@ -501,6 +551,13 @@ def _validate(recipe: Recipe) -> None:
                         formulas(f"{at}.{arg}", [value], block)
     if ROOT not in recipe.blocks:
         raise SymparamError(f"{src}: no [blocks.{ROOT}]")
+    for name, spec in recipe.checkpoint.items():
+        if spec["block"] not in recipe.blocks:
+            raise SymparamError(f"{src}: [checkpoint] {name}: unknown block {spec['block']!r}")
+        try:
+            parse(spec.get("times", "1"), known=known(f"{src}: [checkpoint] {name}.times", symbols))
+        except SymparamError as e:
+            raise SymparamError(f"{src}: [checkpoint] {name}.times: {e}") from None
     _acyclic(recipe)
 
 
@@ -564,7 +621,9 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
         checks=_checks(full, source, set(symbols)),
         names=_names(source, full.get("names", {})),
         zh={str(k): str(v) for k, v in _table(full, "zh", source).items()},
+        functions=_functions(full, source),
         source=source,
+        checkpoint=_checkpoint(full, source),
     )
     _validate(recipe)
     return recipe
@@ -581,6 +640,25 @@ def _checks(data: dict[str, Any], source: str, symbols: set[str]) -> dict[str, s
             if name not in symbols:
                 raise SymparamError(f"{where}: the message's field {{{name}}} is not a symbol")
         out[str(rule)] = message
+    return out
+
+
+def _functions(data: dict[str, Any], source: str) -> dict[str, str]:
+    """[functions]: programs the blocks' forwards call by name (rotate_half, repeat_kv, an attention kernel's wrapper)."""
+    table = _table(data, "functions", source)
+    for name, text in table.items():
+        if not isinstance(text, str):
+            raise SymparamError(f"{source}: [functions] {name}: expected a program (def {name}(...): ...)")
+    return dict(table)
+
+
+def _checkpoint(data: dict[str, Any], source: str) -> dict[str, dict[str, str]]:
+    """[checkpoint]: name -> { block, times (copies), path (where the checkpoint keeps it), what (words) }."""
+    out = {}
+    for name, spec in _table(data, "checkpoint", source).items():
+        if not isinstance(spec, dict) or set(spec) - {"block", "times", "path", "what", "key"} or not isinstance(spec.get("block"), str) or not isinstance(spec.get("what"), str):
+            raise SymparamError(f"{source}: [checkpoint] {name}: expected {{ block = \"...\", times = \"...\", path = \"model.layers\", what = \"...\" }}")
+        out[name] = {k: str(v) for k, v in spec.items()}
     return out
 
 

@@ -1,0 +1,95 @@
+"""Activation memory: the bytes autograd keeps for backward in one training forward, per module and layer kind.
+
+Read off the forward trace (memory.trace): every storage an operation saves, once, parameters excluded, attributed to
+the module whose code allocated it. With full activation checkpointing (transformers' `gradient_checkpointing_enable`,
+non-reentrant), a decoder layer keeps only its input; what it saves inside is recomputed in backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import sympy as sp
+
+from symparam.errors import SymparamError
+from symparam.memory.ops import Storage
+from symparam.memory.trace import Mode, Trace, trace
+
+CHECKPOINTING = {
+    "none": "no checkpointing: every tensor a backward needs stays from the forward",
+    "full": "full activation checkpointing (transformers' gradient_checkpointing_enable, non-reentrant): each decoder "
+            "layer keeps its input hidden states; everything it saves inside is recomputed in backward, one layer at a time; "
+            "tensors a layer receives as keyword arguments (rotary tables, masks) stay alive through the recompute closures "
+            "without autograd saving them",
+}
+
+
+@dataclass(frozen=True)
+class Part:
+    """Bytes one module keeps for backward in each of `layers` copies (the layers of its kind, or 1)."""
+
+    module: str  # dotted path as transformers names it, layer indices left out; "(inputs)" for the batch
+    layers: sp.Expr
+    bytes: sp.Expr  # per copy
+    what: tuple[str, ...]  # the operations that allocated them
+
+    @property
+    def total(self) -> sp.Expr:
+        return self.layers * self.bytes
+
+
+@dataclass(frozen=True)
+class Activations:
+    """What a training forward keeps for backward, as formulas in B, S and the model's symbols."""
+
+    parts: tuple[Part, ...]
+    mode: Mode
+    checkpointing: str
+    assumed: tuple[sp.Basic, ...]  # conditions on sizes the forward's branches took: where the formula holds
+    kernels: tuple[tuple[str, str], ...] = ()  # (module, text): CPU reference paths a GPU replaces with a fused kernel
+
+    @property
+    def formula(self) -> sp.Expr:
+        return sp.expand(sp.Add(*(p.total for p in self.parts)))
+
+    def by_module(self) -> dict[str, sp.Expr]:
+        """Bytes per module, all its copies."""
+        out: dict[str, sp.Expr] = {}
+        for p in self.parts:
+            out[p.module] = sp.expand(out.get(p.module, sp.Integer(0)) + p.total)
+        return out
+
+
+def kept(t: Trace, checkpointing: str = "none") -> list[Storage]:
+    """The storages autograd keeps, each once: all the forward saved, or with full checkpointing what is saved outside
+    the decoder layers plus each layer's input. A stack's layer-input storage stands for the embedding output it covers."""
+    if checkpointing not in CHECKPOINTING:
+        raise SymparamError(f"--checkpointing: unknown {checkpointing!r}; known: {', '.join(CHECKPOINTING)}")
+    saves = [s for s, _ in t.saved]
+    if checkpointing == "full":
+        inside = {i for call in t.layers for i in call.saves}
+        saves = [s for i, (s, _) in enumerate(t.saved) if i not in inside] + [call.inputs for call in t.layers]
+    unique = list({s.ident: s for s in saves if not s.param}.values())
+    covered = {c.ident for s in unique for c in s.covers}
+    return [s for s in unique if s.ident not in covered]
+
+
+def parts(storages: Iterable[Storage]) -> tuple[Part, ...]:
+    """Bytes per (module, layers), in the order modules first keep something."""
+    sums: dict[tuple[str, sp.Expr], list] = {}
+    for s in storages:
+        for module, copies in s.owners or ((s.module, s.copies),):
+            entry = sums.setdefault((module, copies), [sp.Integer(0), []])
+            entry[0] += s.bytes
+            entry[1].append(s.op)
+    return tuple(Part(m, n, sp.expand(b), tuple(dict.fromkeys(ops))) for (m, n), (b, ops) in sums.items())
+
+
+def activations(model, mode: Mode = Mode(), checkpointing: str = "none", context: dict | None = None) -> Activations:
+    """The activation memory of a configured model under a mode; `context` holds S and B where a branch needs them."""
+    t = trace(model, mode, context)
+    return Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
+
+
+__all__ = ["CHECKPOINTING", "Part", "Activations", "kept", "parts", "activations"]

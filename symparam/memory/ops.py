@@ -1,0 +1,486 @@
+"""Tensor operations as autograd sees them: output shapes, dtypes and layouts, and what each saves for backward.
+
+Each operation is PyTorch's (aten's, as `torch.autograd.graph.saved_tensors_hooks` observes it on CPU): a Value carries
+a symbolic shape, a dtype, strides and the Storage it lives in; views share their base's storage. An operation saves
+an input for backward only when the gradient that needs it is wanted (derivatives.yaml: `mul` saves `other` for the
+gradient of `self`); parameters are never activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import count as _counter
+
+import sympy as sp
+
+from symparam.errors import SymparamError
+
+ONE = sp.Integer(1)
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "fp8": 1}
+FLOATS = ("fp16", "bf16", "fp32")
+_ids = _counter()
+
+
+@dataclass(frozen=True, eq=False)
+class Storage:
+    """Memory one operation allocates: elements, dtype, the module whose code allocated it, and how many copies of it
+    one forward pass makes (the layers of its kind). Compared by identity: views share it."""
+
+    numel: sp.Expr
+    dtype: str
+    module: str  # dotted module path as transformers names it, layer indices left out; "(inputs)" for the batch
+    op: str  # the operation that allocated it
+    copies: sp.Expr = ONE  # per forward pass
+    param: bool = False  # a parameter or buffer: never an activation
+    owners: tuple[tuple[str, sp.Expr], ...] = ()  # a stack's layer input: (module, copies) of what it stands for
+    covers: tuple[Storage, ...] = ()  # storages it stands for (the embedding output that is layer 0's input)
+    ident: int = field(default_factory=lambda: next(_ids))
+
+    @property
+    def bytes(self) -> sp.Expr:
+        """Bytes of one copy."""
+        return self.numel * BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor of the forward pass: shape and strides in symbols, dtype, storage, and whether it needs a gradient."""
+
+    shape: tuple[sp.Expr, ...]
+    strides: tuple[sp.Expr, ...]
+    dtype: str
+    storage: Storage
+    grad: bool
+
+    @property
+    def param(self) -> bool:
+        return self.storage.param
+
+    @property
+    def numel(self) -> sp.Expr:
+        return sp.Mul(*self.shape)
+
+
+
+def dense(shape: Sequence[sp.Expr]) -> tuple[sp.Expr, ...]:
+    """Row-major strides of a shape."""
+    out, step = [], ONE
+    for n in reversed(shape):
+        out.append(step)
+        step = step * n
+    return tuple(reversed(out))
+
+
+@dataclass
+class Context:
+    """Where operations run: the module path to attribute allocations to, copies per pass, and the record of saves."""
+
+    module: str
+    copies: sp.Expr
+    saved: list[tuple[Storage, str]]  # (storage, module that saved it), in order
+    steps: list[Step]  # every operation's outputs, in order (the shape walk)
+    act: str  # the dtype activations run in ("bf16", "fp32")
+    values: dict = field(default_factory=dict)  # the model's sizes (and S, B): sizes equal there may broadcast
+    assumed: list = field(default_factory=list)  # equalities of sizes the trace relied on (h = h_kv)
+
+    def contiguous(self, x: Value) -> bool:
+        """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
+        and S, B: then an assumption of the formula) do not count."""
+        return all(self.same(n, ONE) or sp.simplify(s - c) == 0 for n, s, c in zip(x.shape, x.strides, dense(x.shape))
+                   if sp.simplify(s - c) != 0)
+
+    def same(self, a: sp.Expr, b: sp.Expr) -> bool:
+        """Whether two sizes are equal: as formulas, or at the model's values (remembered as an assumption)."""
+        if sp.simplify(a - b) == 0:
+            return True
+        if self.values and sp.sympify(a - b).xreplace(self.values) == 0:
+            self.assumed.append(sp.Eq(a, b))
+            return True
+        return False
+
+    def new(self, shape: Sequence[sp.Expr], dtype: str, op: str, grad: bool, strides: Sequence[sp.Expr] | None = None) -> Value:
+        """A freshly allocated tensor (dense, or in the given layout)."""
+        shape = tuple(sp.sympify(n) for n in shape)
+        storage = Storage(sp.Mul(*shape), dtype, self.module, op, self.copies)
+        return Value(shape, tuple(strides) if strides is not None else dense(shape), dtype, storage, grad)
+
+    def save(self, *values: Value | None) -> None:
+        for v in values:
+            if v is not None and not v.param:
+                self.saved.append((v.storage, self.module))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One operation of the walk: where it ran, what it is, its output's shape and dtype, how many layers repeat it."""
+
+    module: str
+    op: str
+    shape: tuple[sp.Expr, ...]
+    dtype: str
+    copies: sp.Expr
+    saved: bool = False  # set afterwards: autograd keeps this output (its storage) for backward
+    storage: Storage | None = field(default=None, compare=False, repr=False)
+
+
+def promote(*dtypes: str) -> str:
+    """PyTorch's type promotion among the dtypes of tensors (scalars do not promote)."""
+    floats = [t for t in dtypes if t in FLOATS]
+    if not floats:
+        return max(dtypes, key=lambda t: BYTES[t])
+    if "fp32" in floats or {"bf16", "fp16"} <= set(floats):
+        return "fp32"
+    return floats[0]
+
+
+def broadcast(ctx: Context, *shapes: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...]:
+    """NumPy broadcasting over symbolic sizes: equal sizes (as formulas or at the model's values), or one of them 1."""
+    width = max(len(s) for s in shapes)
+    padded = [(ONE,) * (width - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for sizes in zip(*padded):
+        big = [n for n in sizes if n != 1]
+        if any(not ctx.same(big[0], n) for n in big[1:]):
+            raise SymparamError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+        out.append(big[0] if big else ONE)
+    return tuple(out)
+
+
+def _layout_like(v: Value, shape: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...]:
+    """Strides of an elementwise result: dense in the dimension order of an input of the full shape (TensorIterator
+    keeps a permuted layout), else row-major."""
+    if v.shape != shape or any(s == 0 for s in v.strides):
+        return dense(shape)
+    order = sorted(range(len(shape)), key=lambda i: (-_rank(v.strides[i]), i))
+    strides = [ONE] * len(shape)
+    step = ONE
+    for i in reversed(order):
+        strides[i] = step
+        step = step * shape[i]
+    return tuple(strides)
+
+
+def _rank(stride: sp.Expr) -> float:
+    """A stride's size for ordering dimensions: symbols are taken large and equal-degree terms by their degree."""
+    stride = sp.sympify(stride)
+    if stride.is_number:
+        return float(stride)
+    return 1e6 * float(sp.Poly(stride).total_degree()) + float(stride.subs({s: 1000 for s in stride.free_symbols}))
+
+
+# ---------------------------------------------------------------- views (no allocation, nothing saved)
+
+
+def view(ctx: Context, x: Value, shape: Sequence[sp.Expr], copy_if_needed: bool = False) -> Value:
+    """x with another shape over the same storage (`view`; `reshape` copies where no view is possible)."""
+    shape = _infer(x, shape)
+    if tuple(shape) == x.shape:
+        return x
+    strides = _view_strides(ctx, x, shape)
+    if strides is None:
+        if not copy_if_needed:
+            raise SymparamError(f"view: a tensor of shape {list(x.shape)} and strides {list(x.strides)} cannot be viewed as {list(shape)}; use reshape")
+        return view(ctx, contiguous(ctx, x), shape)
+    return replace(x, shape=tuple(shape), strides=strides)
+
+
+def _infer(x: Value, shape: Sequence[sp.Expr]) -> tuple[sp.Expr, ...]:
+    shape = [sp.sympify(n) for n in shape]
+    if sum(1 for n in shape if n == -1) > 1:
+        raise SymparamError("view: at most one -1")
+    if any(n == -1 for n in shape):
+        known = sp.Mul(*(n for n in shape if n != -1))
+        shape = [sp.simplify(x.numel / known) if n == -1 else n for n in shape]
+    if sp.simplify(sp.Mul(*shape) - x.numel) != 0:
+        raise SymparamError(f"view: {list(x.shape)} has {x.numel} elements, {list(shape)} has {sp.Mul(*shape)}")
+    return tuple(shape)
+
+
+def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...] | None:
+    """PyTorch's computeStride over symbolic sizes: the strides of a view, or None where only a copy can reshape."""
+    if ctx.contiguous(x):
+        return dense(shape)
+    same = lambda a, b: sp.simplify(a - b) == 0  # noqa: E731
+    new = [ONE] * len(shape)
+    view_d = len(shape) - 1
+    base = x.strides[-1]
+    tensor_numel = view_numel = ONE
+    for d in range(len(x.shape) - 1, -1, -1):
+        tensor_numel = tensor_numel * x.shape[d]
+        if d == 0 or (not ctx.same(x.shape[d - 1], ONE) and not same(x.strides[d - 1], tensor_numel * base)):
+            while view_d >= 0 and (not same(view_numel, tensor_numel) or shape[view_d] == 1):
+                new[view_d] = view_numel * base
+                view_numel = view_numel * shape[view_d]
+                view_d -= 1
+            if not same(view_numel, tensor_numel):
+                return None
+            if d > 0:
+                base = x.strides[d - 1]
+                tensor_numel = view_numel = ONE
+    return tuple(new) if view_d == -1 else None
+
+
+def transpose(ctx: Context, x: Value, a: int, b: int) -> Value:
+    shape, strides = list(x.shape), list(x.strides)
+    a, b = a % len(shape), b % len(shape)
+    shape[a], shape[b] = shape[b], shape[a]
+    strides[a], strides[b] = strides[b], strides[a]
+    return replace(x, shape=tuple(shape), strides=tuple(strides))
+
+
+def permute(ctx: Context, x: Value, *dims: int) -> Value:
+    dims = [d % len(x.shape) for d in dims]
+    return replace(x, shape=tuple(x.shape[d] for d in dims), strides=tuple(x.strides[d] for d in dims))
+
+
+def unsqueeze(ctx: Context, x: Value, dim: int) -> Value:
+    dim = dim % (len(x.shape) + 1)
+    stride = x.strides[dim] * x.shape[dim] if dim < len(x.shape) else ONE
+    return replace(x, shape=x.shape[:dim] + (ONE,) + x.shape[dim:], strides=x.strides[:dim] + (stride,) + x.strides[dim:])
+
+
+def squeeze(ctx: Context, x: Value, dim: int) -> Value:
+    dim = dim % len(x.shape)
+    if x.shape[dim] != 1:
+        return x
+    return replace(x, shape=x.shape[:dim] + x.shape[dim + 1:], strides=x.strides[:dim] + x.strides[dim + 1:])
+
+
+def expand(ctx: Context, x: Value, *shape: sp.Expr) -> Value:
+    shape = tuple(sp.sympify(n) for n in shape)
+    pad = len(shape) - len(x.shape)
+    sizes, strides = (ONE,) * pad + x.shape, (sp.Integer(0),) * pad + x.strides
+    out = tuple(o if n == -1 else n for n, o in zip(shape, sizes))
+    return replace(x, shape=out, strides=tuple(s if n == o else sp.Integer(0) for n, o, s in zip(out, sizes, strides)))
+
+
+def narrow(ctx: Context, x: Value, dim: int, start: sp.Expr, length: sp.Expr) -> Value:
+    dim = dim % len(x.shape)
+    return replace(x, shape=x.shape[:dim] + (sp.sympify(length),) + x.shape[dim + 1:])
+
+
+def split(ctx: Context, x: Value, sizes: Sequence[sp.Expr], dim: int = -1) -> tuple[Value, ...]:
+    """Views of consecutive pieces along `dim` (torch.split with a list of sizes)."""
+    dim = dim % len(x.shape)
+    if sp.simplify(sp.Add(*sizes) - x.shape[dim]) != 0:
+        raise SymparamError(f"split: sizes {list(sizes)} do not add up to {x.shape[dim]}")
+    return tuple(narrow(ctx, x, dim, 0, n) for n in sizes)
+
+
+def chunk(ctx: Context, x: Value, parts: int, dim: int = -1) -> tuple[Value, ...]:
+    dim = dim % len(x.shape)
+    return split(ctx, x, [x.shape[dim] / parts] * int(parts), dim)
+
+
+# ---------------------------------------------------------------- allocating operations
+
+
+def copy(ctx: Context, x: Value, op: str = "clone") -> Value:
+    return ctx.new(x.shape, x.dtype, op, x.grad)
+
+
+def contiguous(ctx: Context, x: Value) -> Value:
+    return x if ctx.contiguous(x) else copy(ctx, x, "contiguous")
+
+
+def to(ctx: Context, x: Value, dtype: str) -> Value:
+    """A cast; to the dtype it has already, the same tensor."""
+    dtype = ctx.act if dtype == "act" else dtype
+    if dtype == x.dtype:
+        return x
+    return ctx.new(x.shape, dtype, f"to {dtype}", x.grad and dtype in FLOATS, _layout_like(x, x.shape))
+
+
+def unary(save: str | None, name: str) -> Callable[[Context, Value], Value]:
+    """An elementwise function that saves its input ("input"), its result ("output") or nothing for backward."""
+
+    def op(ctx: Context, x: Value) -> Value:
+        out = ctx.new(x.shape, x.dtype, name, x.grad, _layout_like(x, x.shape))
+        if x.grad:
+            ctx.save(x if save == "input" else out if save == "output" else None)
+        return out
+
+    op.__name__ = name
+    return op
+
+
+def binary(ctx: Context, op: str, a: Value | sp.Expr, b: Value | sp.Expr) -> Value:
+    """+, -, *, / between tensors (broadcast) or a tensor and a scalar: mul saves the other operand for each gradient
+    it computes, div saves the divisor (and the dividend where the divisor needs a gradient)."""
+    tensors = [v for v in (a, b) if isinstance(v, Value)]
+    shape = broadcast(ctx, *(v.shape for v in tensors))
+    dtype = promote(*(v.dtype for v in tensors))
+    grad = any(v.grad for v in tensors)
+    lead = next((v for v in tensors if v.shape == shape), tensors[0])
+    out = ctx.new(shape, dtype, op, grad, _layout_like(lead, shape))
+    a_t, b_t = isinstance(a, Value), isinstance(b, Value)
+    if op == "mul" and a_t and b_t:
+        ctx.save(b if a.grad else None, a if b.grad else None)
+    elif op == "div" and b_t:
+        ctx.save(b if (a_t and a.grad) or b.grad else None, a if b.grad and a_t else None)
+    return out
+
+
+def linear(ctx: Context, x: Value, weight: Value, bias: Value | None = None) -> Value:
+    """x W^T (+ b): saves x for the weight's gradient (W, a parameter, for x's)."""
+    out = ctx.new(x.shape[:-1] + (weight.shape[-2],), promote(x.dtype, weight.dtype), "linear", x.grad or weight.grad or bool(bias and bias.grad))
+    if weight.grad:
+        ctx.save(x)
+    if x.grad:
+        ctx.save(weight)
+    return out
+
+
+def matmul(ctx: Context, a: Value, b: Value) -> Value:
+    """torch.matmul of batched tensors: each operand is folded to 3-D (a copy where it is not laid out for that, as
+    `reshape` copies) and bmm saves each for the other's gradient."""
+    batch = broadcast(ctx, a.shape[:-2], b.shape[:-2])
+    a3 = _fold(ctx, a, batch)
+    b3 = _fold(ctx, b, batch)
+    out = ctx.new(batch + (a.shape[-2], b.shape[-1]), promote(a.dtype, b.dtype), "matmul", a.grad or b.grad)
+    ctx.save(b3 if a.grad else None, a3 if b.grad else None)
+    return out
+
+
+def _fold(ctx: Context, x: Value, batch: tuple[sp.Expr, ...]) -> Value:
+    if len(x.shape) <= 2:
+        return x
+    expanded = expand(ctx, x, *(batch + x.shape[-2:]))
+    return view(ctx, expanded, (sp.Mul(*batch),) + x.shape[-2:], copy_if_needed=True)
+
+
+def embedding(ctx: Context, ids: Value, weight: Value) -> Value:
+    """Rows of a table: saves the indices (the weight's gradient scatters into them)."""
+    out = ctx.new(ids.shape + (weight.shape[-1],), weight.dtype, "embedding", weight.grad)
+    if weight.grad:
+        ctx.save(ids)
+    return out
+
+
+def softmax(ctx: Context, x: Value, dim: int = -1, dtype: str | None = None, log: bool = False) -> Value:
+    """softmax (or log_softmax) along `dim`, in `dtype` if given: saves its result."""
+    src = to(ctx, x, dtype) if dtype else x
+    out = ctx.new(x.shape, src.dtype, "log_softmax" if log else "softmax", x.grad, _layout_like(x, x.shape))
+    if x.grad:
+        ctx.save(out)
+    return out
+
+
+def reduce(ctx: Context, x: Value, dim: int | Sequence[int] = -1, keepdim: bool = False, op: str = "sum") -> Value:
+    """sum / mean over dimensions: nothing saved (the gradient needs only the shape)."""
+    dims = {int(d) % len(x.shape) for d in (dim if isinstance(dim, (list, tuple)) else [dim])}
+    shape = tuple(ONE if i in dims else n for i, n in enumerate(x.shape) if keepdim or i not in dims)
+    return ctx.new(shape, x.dtype, op, x.grad)
+
+
+def cat(ctx: Context, values: Sequence[Value], dim: int = -1) -> Value:
+    dim = dim % len(values[0].shape)
+    shape = list(values[0].shape)
+    shape[dim] = sp.Add(*(v.shape[dim] for v in values))
+    return ctx.new(shape, promote(*(v.dtype for v in values)), "cat", any(v.grad for v in values))
+
+
+def where(ctx: Context, cond: Value, a: Value | sp.Expr, b: Value | sp.Expr) -> Value:
+    """where(cond, a, b): saves the condition."""
+    tensors = [v for v in (cond, a, b) if isinstance(v, Value)]
+    shape = broadcast(ctx, *(v.shape for v in tensors))
+    values = [v for v in (a, b) if isinstance(v, Value)]
+    grad = any(v.grad for v in values)
+    out = ctx.new(shape, promote(*(v.dtype for v in values)) if values else ctx.act, "where", grad)
+    if grad:
+        ctx.save(cond)
+    return out
+
+
+def dropout(ctx: Context, x: Value, p: float) -> Value:
+    """Dropout in training: p = 0 returns its input; otherwise it saves a boolean mask of x's size."""
+    if not p:
+        return x
+    out = ctx.new(x.shape, x.dtype, "dropout", x.grad)
+    if x.grad:
+        ctx.save(ctx.new(x.shape, "bool", "dropout mask", False))
+    return out
+
+
+def index(ctx: Context, x: Value, idx: Value) -> Value:
+    """x[idx] along the first dimension: saves the indices."""
+    out = ctx.new(idx.shape + x.shape[1:], x.dtype, "index", x.grad)
+    if x.grad:
+        ctx.save(idx)
+    return out
+
+
+def topk(ctx: Context, x: Value, k: sp.Expr) -> tuple[Value, Value]:
+    """The k largest along the last dimension: values and int64 indices; saves the indices for the gradient."""
+    shape = x.shape[:-1] + (sp.sympify(k),)
+    values, indices = ctx.new(shape, x.dtype, "topk", x.grad), ctx.new(shape, "int64", "topk indices", False)
+    if x.grad:
+        ctx.save(indices)
+    return values, indices
+
+
+def sort(ctx: Context, x: Value) -> tuple[Value, Value]:
+    values, indices = ctx.new(x.shape, x.dtype, "sort", x.grad), ctx.new(x.shape, "int64", "sort indices", False)
+    if x.grad:
+        ctx.save(indices)
+    return values, indices
+
+
+def grouped_mm(ctx: Context, x: Value, weight: Value, offsets: Value) -> Value:
+    """Grouped matmul of token-expert rows with stacked expert weights [n, out, in]: saves the rows and the offsets."""
+    out = ctx.new(x.shape[:-1] + (weight.shape[-2],), x.dtype, "grouped_mm", x.grad or weight.grad)
+    if weight.grad or x.grad:
+        ctx.save(x if weight.grad else None, offsets)
+    return out
+
+
+def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -> Value:
+    """PyTorch's fused attention kernel (CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA's flash kernel keeps
+    the same): saves q, k, v, its output (laid out [B, S, h, d_v]) and the fp32 log-sum-exp per query row; a boolean
+    mask is first turned into an additive mask of the query's dtype, which it saves too."""
+    b, h, s, _ = q.shape
+    dv = v.shape[-1]
+    out = ctx.new((b, h, s, dv), q.dtype, "sdpa", q.grad or k.grad or v.grad, strides=(s * h * dv, dv, h * dv, ONE))
+    lse = ctx.new((b, h, s), "fp32", "sdpa logsumexp", False)
+    if mask is not None and mask.dtype == "bool":
+        mask = ctx.new(mask.shape, q.dtype, "sdpa mask", False)
+    ctx.save(q, k, v, out, lse, mask)
+    return out
+
+
+def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, scale_operands: bool = True) -> Value:
+    """PyTorch's reference attention (`_scaled_dot_product_attention_math`), where no fused kernel applies: q and k
+    scaled by sqrt(scale), scores, softmax, weighted values; autograd keeps what those ops save."""
+    q = binary(ctx, "mul", q, sp.Symbol("scale")) if scale_operands else q
+    k = binary(ctx, "mul", k, sp.Symbol("scale")) if scale_operands else k
+    w = matmul(ctx, q, transpose(ctx, k, -2, -1))
+    if mask is not None:
+        w = binary(ctx, "add", w, mask if mask.dtype != "bool" else ctx.new(mask.shape, q.dtype, "sdpa mask", False))
+    w = softmax(ctx, w)
+    return matmul(ctx, w, v)
+
+
+def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:
+    """The negative log-likelihood of the targets (cross entropy after log_softmax): saves the targets and the fp32
+    total weight it divides by."""
+    out = ctx.new((), logp.dtype, "nll_loss", logp.grad)
+    if logp.grad:
+        ctx.save(target, ctx.new((), logp.dtype, "nll_loss total weight", False))
+    return out
+
+
+def layer_norm(ctx: Context, x: Value, weight: Value | None, bias: Value | None) -> Value:
+    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std (fp32)."""
+    out = ctx.new(x.shape, x.dtype, "layer_norm", x.grad or bool(weight and weight.grad))
+    rows = x.shape[:-1] + (ONE,)
+    ctx.save(x, ctx.new(rows, "fp32", "layer_norm mean", False), ctx.new(rows, "fp32", "layer_norm rstd", False))
+    return out
+
+
+def pad(ctx: Context, x: Value, left: sp.Expr, right: sp.Expr) -> Value:
+    """torch.nn.functional.pad of the last dimension: a new tensor, nothing saved."""
+    return ctx.new(x.shape[:-1] + (x.shape[-1] + left + right,), x.dtype, "pad", x.grad)
+
+
+__all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]

@@ -1,0 +1,614 @@
+"""One training forward pass as data: the recipe's forward programs interpreted over symbolic shapes.
+
+Every block of a model's tree may carry a `forward` program (symparam.programs): the interpreter runs the root's with
+the batch's token ids and labels, calling child modules, the recipe's [functions] and the operations of
+symparam.memory.ops. The decoder-layer stack runs once per layer kind, each operation counted for the layers of its
+kind. The result lists every operation's output in order (the shape walk) and every storage autograd saves for
+backward (the activation memory), attributed to the module whose code allocated it.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import sympy as sp
+
+from symparam.components import ONE, Term
+from symparam.config import as_subs
+from symparam.errors import SymparamError
+from symparam.memory import ops
+from symparam.memory.ops import Context, Step, Storage, Value
+from symparam.programs import Program, compile_program
+from symparam.symbols import B, S, make
+
+INPUTS = "(inputs)"  # the batch: token ids and labels
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How the forward runs: the dtype of weights and activations, the attention backend, which parameters train."""
+
+    act: str = "bf16"  # "bf16" or "fp32": the model cast to it, as `model.to(dtype)`
+    attention: str = "sdpa"  # transformers' attn_implementation: "sdpa" or "eager"
+    trainable: Callable[[str], bool] | None = None  # parameter path -> needs a gradient (default: every parameter)
+    use_cache: bool | None = None  # build a KV cache during the forward (None: as the config says)
+
+
+@dataclass
+class Trace:
+    """What one forward pass did: its operations in order and the storages autograd saved, with who saved them."""
+
+    steps: list[Step]
+    saved: list[tuple[Storage, str]]
+    layers: list[LayerCall] = field(default_factory=list)  # each run of a decoder-layer stack (checkpointing reads it)
+    assumed: list[sp.Basic] = field(default_factory=list)  # conditions on sizes the branches took (S > W, h > h_kv)
+    kernels: dict[str, str] = field(default_factory=dict)  # module -> the GPU kernel its CPU reference path stands in for
+
+
+@dataclass(frozen=True)
+class LayerCall:
+    """A decoder-layer stack's run: its path, its layers, the storage standing for every layer's input, and which of
+    the trace's saves happened inside it."""
+
+    path: str
+    layers: sp.Expr
+    inputs: Storage
+    saves: range
+
+
+@dataclass(frozen=True)
+class Module:
+    """A child module as a forward program sees it: its term, path, and the layers it exists in."""
+
+    term: Term
+    path: str
+    copies: sp.Expr
+    layer_path: str | None = None  # its path inside the layer stack, where it is in one
+
+
+@dataclass(frozen=True)
+class Variants:
+    """A layer slot whose module differs by layer kind: (layers, module) for each kind."""
+
+    path: str
+    modules: tuple[Module, ...]
+
+
+class Return(Exception):
+    def __init__(self, value: Any):
+        self.value = value
+
+
+_BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div"}
+_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+          ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
+            ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+            ast.Is: lambda a, b: a is b, ast.IsNot: lambda a, b: a is not b}
+
+
+class Interpreter:
+    """Runs a model's forward programs over symbolic shapes for one Mode."""
+
+    def __init__(self, model: Any, mode: Mode, context: Mapping[sp.Symbol, int] | None = None):
+        self.model = model
+        self.mode = mode
+        known = as_subs(model.values) if model.values is not None else {}
+        self.values = {**known, **{k: sp.Integer(v) for k, v in (context or {}).items()}}
+        self.assumed: list[sp.Basic] = []  # conditions on sizes a branch took: where the figure's formula holds
+        self.config = dict(getattr(model, "config", {}) or {})
+        self.ctx = Context("", ONE, [], [], mode.act, self.values, self.assumed)
+        self.layers: list[LayerCall] = []
+        self.kernels: dict[str, str] = {}
+        self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
+        self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
+
+    # ------------------------------------------------------------ entry
+
+    def run(self) -> Trace:
+        root = self.model.tree
+        ids = self.input("token ids")
+        labels = self.input("labels")
+        self.call_module(Module(root, root.key, ONE), [ids, labels], {})
+        kept = {s.ident for s, _ in self.ctx.saved}
+        steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
+        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels)
+
+    def input(self, what: str) -> Value:
+        storage = Storage(B * S, "int64", INPUTS, what)
+        value = Value((B, S), ops.dense((B, S)), "int64", storage, False)
+        self.ctx.steps.append(Step(INPUTS, what, value.shape, value.dtype, ONE, storage=storage))
+        return value
+
+    # ------------------------------------------------------------ modules
+
+    def call_module(self, module: Module, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        term = module.term
+        if term.code is None:
+            raise SymparamError(f"{module.path or 'the model'}: its block has no forward program; activation memory needs one ([blocks.X] forward = ...)")
+        program = compile_program(term.code.text, term.code.where)
+        if term.code.kernel:
+            self.kernels[module.path] = term.code.kernel
+        if term.code.stack:
+            return self.call_stack(module, program, args, kwargs)
+        env = dict(term.code.env)
+        children = self.children(module)
+        return self.execute(program, module.path, module.copies, args, kwargs, env, children, module.layer_path, term.code.entries)
+
+    def children(self, module: Module) -> dict[str, Any]:
+        """A module's children by key: its parameters as Values, its sub-modules as Modules."""
+        out: dict[str, Any] = {}
+        routed = module.term.active_times != module.term.times
+        for child in module.term.children:
+            path = f"{module.path}.{child.key}" if module.path else child.key
+            if child.is_leaf:
+                out[child.key] = self.parameter(child, path, module.term.times if routed else ONE)
+            else:
+                layer_path = None if module.layer_path is None else (f"{module.layer_path}.{child.key}" if module.layer_path else child.key)
+                out[child.key] = Module(child, path, module.copies, layer_path)
+        return out
+
+    def parameter(self, leaf: Term, path: str, stacked: sp.Expr) -> Value:
+        """A parameter (or buffer) as a Value: never an activation; it needs a gradient unless frozen or a buffer."""
+        shape = leaf.shape if stacked == ONE else (stacked,) + leaf.shape
+        trainable = self.mode.trainable(path) if self.mode.trainable else True
+        storage = Storage(sp.Mul(*shape), self.mode.act, path, "parameter", param=True)
+        return Value(tuple(shape), ops.dense(shape), self.mode.act, storage, trainable and not leaf.buffer)
+
+    def call_stack(self, module: Module, program: Program, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """The decoder layers: the layer program once, each module counted in the layers that have it; the layer's input
+        stands for the embedding output (layer 0) and every other layer's output."""
+        term = module.term
+        groups = [term] if term.times != ONE else list(term.children)  # one kind is the stack itself
+        layers = sp.Add(*(g.times for g in groups))
+        found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}", g.times, child.key) for g in groups for child in g.children}
+        slots = {slot: tuple(found[n, key] for n, key in variants if (n, key) in found) for slot, variants in term.code.slots}
+        members = {key: m for (_, key), m in found.items()}
+        x = args[0]
+        inputs = Storage(x.storage.numel, x.dtype, module.path, "layer input", layers,
+                         owners=((x.storage.module, ONE), (module.path, layers - 1)), covers=(x.storage,))
+        inner = Value(x.shape, ops.dense(x.shape), x.dtype, inputs, x.grad)
+        outer_slots, outer_kinds = self.slots, self.kinds
+        self.slots, self.kinds = slots, members
+        start = len(self.ctx.saved)
+        try:
+            out = self.execute(program, module.path, layers, [inner, *args[1:]], kwargs, dict(term.code.env), {}, "", term.code.entries)
+        finally:
+            self.slots, self.kinds = outer_slots, outer_kinds
+        self.layers.append(LayerCall(module.path, layers, inputs, range(start, len(self.ctx.saved))))
+        if not isinstance(out, Value):
+            raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor")
+        last = Storage(out.storage.numel, out.dtype, module.path, "last layer output")
+        return replace(out, storage=last)
+
+    def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
+        results = [self.call_module(m, args, kwargs) for m in variants.modules]
+        return self.merge(results, variants.path)
+
+    def merge(self, results: list[Any], where: str) -> Any:
+        """Results of layer kinds that differ inside: one tensor per layer whatever its kind (shapes must agree)."""
+        first = results[0]
+        if isinstance(first, tuple):
+            return tuple(self.merge([r[i] for r in results], where) for i in range(len(first)))
+        if not isinstance(first, Value):
+            if any(r != first for r in results):
+                raise SymparamError(f"{where}: layer kinds return different values")
+            return first
+        if any(not isinstance(r, Value) or len(r.shape) != len(first.shape) or any(sp.simplify(a - b) != 0 for a, b in zip(r.shape, first.shape)) or r.dtype != first.dtype for r in results):
+            raise SymparamError(f"{where}: layer kinds return tensors of different shapes")
+        if len(results) == 1:
+            return first
+        return self.ctx.new(first.shape, first.dtype, "layer kinds", any(r.grad for r in results))
+
+    # ------------------------------------------------------------ programs
+
+    def execute(self, program: Program, path: str, copies: sp.Expr, args: list[Any], kwargs: dict[str, Any],
+                env: dict[str, Any], children: dict[str, Any], layer_path: str | None, declared: tuple[str, ...] = ()) -> Any:
+        """Run one program in a module's frame: its allocations are that module's, repeated `copies` times."""
+        if len(args) > len(program.params):
+            raise SymparamError(f"{program.where}: {program.name} takes {len(program.params)} argument(s), given {len(args)}")
+        scope = dict(zip(program.params, args))
+        for name, value in kwargs.items():
+            if name in program.params:
+                if name in scope:
+                    raise SymparamError(f"{program.where}: {name} given twice")
+                scope[name] = value
+            elif not program.kwargs:
+                raise SymparamError(f"{program.where}: {program.name} has no parameter {name!r}")
+        frame = Frame(self, path, copies, env, children, layer_path, program, declared)
+        for name in program.params:
+            if name not in scope:
+                if name not in program.defaults:
+                    raise SymparamError(f"{program.where}: {program.name} needs {name!r}")
+                scope[name] = frame.eval(program.defaults[name], scope)
+        outer = (self.ctx.module, self.ctx.copies)
+        self.ctx.module, self.ctx.copies = path, copies
+        try:
+            frame.block(program.body, scope)
+            return None
+        except Return as r:
+            return r.value
+        finally:
+            self.ctx.module, self.ctx.copies = outer
+
+
+class Frame:
+    """One running program: its module, names and statements."""
+
+    def __init__(self, it: Interpreter, path: str, copies: sp.Expr, env: dict[str, Any], children: dict[str, Any],
+                 layer_path: str | None, program: Program, declared: tuple[str, ...] = ()):
+        self.it, self.path, self.copies, self.env, self.children = it, path, copies, env, children
+        self.layer_path, self.program = layer_path, program
+        self.declared = set(declared)  # entries of the block the config does not build
+
+    def fail(self, node: ast.AST, message: str) -> SymparamError:
+        return SymparamError(f"{self.program.where}: line {getattr(node, 'lineno', '?')}: {message}")
+
+    # ------------------------------------------------------------ statements
+
+    def block(self, body: tuple[ast.stmt, ...] | list[ast.stmt], scope: dict[str, Any]) -> None:
+        for stmt in body:
+            self.statement(stmt, scope)
+
+    def statement(self, stmt: ast.stmt, scope: dict[str, Any]) -> None:
+        if isinstance(stmt, ast.Assign):
+            value = self.eval(stmt.value, scope)
+            for target in stmt.targets:
+                self.bind(target, value, scope)
+        elif isinstance(stmt, ast.Return):
+            raise Return(None if stmt.value is None else self.eval(stmt.value, scope))
+        elif isinstance(stmt, ast.If):
+            self.branch(stmt, scope)
+        elif isinstance(stmt, ast.For):
+            self.repeat(stmt, scope)
+        elif isinstance(stmt, ast.Expr):
+            self.eval(stmt.value, scope)
+
+    def bind(self, target: ast.expr, value: Any, scope: dict[str, Any]) -> None:
+        if isinstance(target, ast.Name):
+            scope[target.id] = value
+            return
+        items = list(value) if isinstance(value, (tuple, list)) else None
+        if items is None or len(items) != len(target.elts):
+            raise self.fail(target, f"cannot unpack into {len(target.elts)} names")
+        for t, v in zip(target.elts, items):
+            self.bind(t, v, scope)
+
+    def branch(self, stmt: ast.If, scope: dict[str, Any]) -> None:
+        """`if`: a condition known at trace time, or `if kind(N_x):` — the body runs in N_x of this module's layers and
+        the else part in the rest; names both assign become one tensor per layer."""
+        test = stmt.test
+        if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "kind":
+            self.partition(stmt, self.eval(test.args[0], scope), scope)
+            return
+        if self.truth(self.eval(test, scope), test):
+            self.block(stmt.body, scope)
+        else:
+            self.block(stmt.orelse, scope)
+
+    def partition(self, stmt: ast.If, part: sp.Expr, scope: dict[str, Any]) -> None:
+        it = self.it
+        zeros = it.model.zeros if hasattr(it.model, "zeros") else {}
+        rest = sp.expand(self.copies - part)
+        runs = [(part.xreplace(zeros), stmt.body), (rest.xreplace(zeros), stmt.orelse)]
+        results = []
+        for copies, body in runs:
+            if copies == 0 or (it.values and sp.sympify(copies).xreplace(it.values) == 0):
+                continue
+            local = dict(scope)
+            outer = (self.copies, it.ctx.copies)
+            self.copies = it.ctx.copies = copies
+            try:
+                self.block(body, local)
+            finally:
+                self.copies, it.ctx.copies = outer
+            results.append(local)
+        if len(results) == 1:
+            scope.update(results[0])
+            return
+        for name in set(results[0]) | set(results[1]):
+            values = [r[name] for r in results if name in r]
+            scope[name] = values[0] if len(values) == 1 or values[0] is values[1] else it.merge(values, self.program.where)
+
+    def repeat(self, stmt: ast.For, scope: dict[str, Any]) -> None:
+        """`for i in range(n):` runs its body once, each allocation counted n times (the chunks of a chunked scan); a
+        name the body reassigns leaves the loop as the last iteration's tensor (what it allocated)."""
+        count = sp.sympify(self.eval(stmt.iter.args[0], scope))
+        if count == 0 or (self.it.values and count.xreplace(self.it.values) == 0):
+            return
+        it = self.it
+        outer = (self.copies, it.ctx.copies)
+        self.copies = it.ctx.copies = self.copies * count
+        scope[stmt.target.id] = sp.Symbol(stmt.target.id, integer=True, nonnegative=True)
+        try:
+            self.block(stmt.body, scope)
+        finally:
+            self.copies, it.ctx.copies = outer
+
+    def truth(self, value: Any, node: ast.AST) -> bool:
+        """A condition's truth; one on sizes is decided by the model's values (and S, B) and remembered as an assumption
+        of the formula (it holds where the condition does)."""
+        if isinstance(value, sp.Basic):
+            decided = value.xreplace(self.it.values) if self.it.values else value
+            if decided in (sp.true, sp.false) or decided.is_number:
+                if value.free_symbols:
+                    self.it.assumed.append(value if bool(decided) else sp.Not(value))
+                return bool(decided)
+            raise self.fail(node, f"the condition {value} depends on sizes with no value here (give the model's config, --seq and --batch)")
+        return bool(value)
+
+    # ------------------------------------------------------------ expressions
+
+    def eval(self, node: ast.expr, scope: dict[str, Any]) -> Any:
+        method = getattr(self, f"e_{type(node).__name__}", None)
+        if method is None:
+            raise self.fail(node, f"{type(node).__name__} is not supported")
+        return method(node, scope)
+
+    def e_Constant(self, node: ast.Constant, scope: dict[str, Any]) -> Any:
+        return sp.Integer(node.value) if type(node.value) is int else node.value
+
+    def e_Tuple(self, node: ast.Tuple, scope: dict[str, Any]) -> tuple:
+        return tuple(self.eval(e, scope) for e in node.elts)
+
+    e_List = e_Tuple
+
+    def e_Name(self, node: ast.Name, scope: dict[str, Any]) -> Any:
+        name = node.id
+        if name in scope:
+            return scope[name]
+        if name in self.children:
+            return self.children[name]
+        if self.layer_path is not None:
+            found = self.in_layer(name)
+            if found is not None:
+                return found
+        if name in self.env:
+            return self.env[name]
+        it = self.it
+        mode = {"attention": it.mode.attention, "training": True, "config": it.config,
+                "use_cache": it.mode.use_cache if it.mode.use_cache is not None else bool(it.config.get("use_cache", False))}
+        if name in mode:
+            return mode[name]
+        if name in it.model.flags:
+            return it.model.flags[name]
+        if name in it.model.recipe.symbols:
+            return make(name).xreplace(it.model.zeros)
+        if name in it.model.recipe.functions or name in OPERATIONS or name in ("kind", "absent"):
+            return name
+        if name in self.declared:
+            return Absent(name)
+        raise self.fail(node, f"unknown name {name!r}")
+
+    def in_layer(self, name: str) -> Module | Variants | None:
+        """A module of the layer stack by its path in the layer: a slot of variants, or a member."""
+        key = f"{self.layer_path}.{name}" if self.layer_path else name
+        if key in self.it.slots:
+            return Variants(key, self.it.slots[key])
+        return self.it.kinds.get(key) if not self.layer_path else None
+
+    def e_Attribute(self, node: ast.Attribute, scope: dict[str, Any]) -> Any:
+        base = self.eval(node.value, scope)
+        if isinstance(base, Value):
+            if node.attr == "shape":
+                return base.shape
+            if node.attr == "dtype":
+                return base.dtype
+            if node.attr == "ndim":
+                return len(base.shape)
+        if isinstance(base, dict):
+            return base.get(node.attr)
+        if isinstance(base, Module):
+            return self.it.children(base).get(node.attr, Absent(node.attr))
+        if isinstance(base, Absent) or base is None:
+            return Absent(node.attr)
+        raise self.fail(node, f"no attribute {node.attr!r} here")
+
+    def e_Subscript(self, node: ast.Subscript, scope: dict[str, Any]) -> Any:
+        base = self.eval(node.value, scope)
+        key = self.eval(node.slice, scope)
+        if isinstance(key, sp.Integer):
+            key = int(key)
+        try:
+            return base[key]
+        except (TypeError, IndexError, KeyError):
+            raise self.fail(node, f"cannot index {type(base).__name__} with {key!r}") from None
+
+    def e_Slice(self, node: ast.Slice, scope: dict[str, Any]) -> slice:
+        part = lambda n: None if n is None else int(self.eval(n, scope))  # noqa: E731
+        return slice(part(node.lower), part(node.upper), part(node.step))
+
+    def e_UnaryOp(self, node: ast.UnaryOp, scope: dict[str, Any]) -> Any:
+        value = self.eval(node.operand, scope)
+        if isinstance(node.op, ast.Not):
+            return not self.truth(value, node)
+        if isinstance(value, Value):
+            return self.op("neg", [value], {}, node)
+        return -value
+
+    def e_BoolOp(self, node: ast.BoolOp, scope: dict[str, Any]) -> Any:
+        last = None
+        for value in node.values:
+            last = self.eval(value, scope)
+            truth = self.truth(last, value) if not isinstance(last, (Value, Module, Absent)) else not isinstance(last, Absent)
+            if isinstance(node.op, ast.And) and not truth or isinstance(node.op, ast.Or) and truth:
+                return last
+        return last
+
+    def e_Compare(self, node: ast.Compare, scope: dict[str, Any]) -> Any:
+        left = self.eval(node.left, scope)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = self.eval(right_node, scope)
+            if isinstance(op, (ast.Is, ast.IsNot)):
+                l_none = left is None or isinstance(left, Absent)
+                r_none = right is None or isinstance(right, Absent)
+                result = (l_none and r_none) if isinstance(op, ast.Is) else not (l_none and r_none)
+            elif isinstance(op, (ast.Eq, ast.NotEq)) and (isinstance(left, sp.Basic) or isinstance(right, sp.Basic)):
+                equal = sp.Eq(sp.sympify(left), sp.sympify(right))
+                result = self.truth(equal if isinstance(op, ast.Eq) else sp.Not(equal), node)
+            else:
+                result = _COMPARE[type(op)](left, right)
+                if isinstance(result, sp.Basic):
+                    result = self.truth(result, node)
+            if not result:
+                return False
+            left = right
+        return True
+
+    def e_IfExp(self, node: ast.IfExp, scope: dict[str, Any]) -> Any:
+        return self.eval(node.body if self.truth(self.eval(node.test, scope), node.test) else node.orelse, scope)
+
+    def e_BinOp(self, node: ast.BinOp, scope: dict[str, Any]) -> Any:
+        a, b = self.eval(node.left, scope), self.eval(node.right, scope)
+        if isinstance(a, Value) or isinstance(b, Value):
+            if isinstance(node.op, ast.MatMult):
+                return self.op("matmul", [a, b], {}, node)
+            if isinstance(node.op, ast.Pow):
+                return self.op("pow", [a, b], {}, node)
+            if isinstance(node.op, ast.FloorDiv):
+                return self.op("floordiv", [a, b], {}, node)
+            name = _BINARY.get(type(node.op))
+            if name is None:
+                raise self.fail(node, f"{type(node.op).__name__} on tensors is not supported")
+            return self.op(name, [a, b], {}, node)
+        if isinstance(node.op, (ast.Div, ast.FloorDiv)) and all(isinstance(v, (sp.Basic, int)) for v in (a, b)):
+            quotient = sp.sympify(a) / sp.sympify(b)
+            exact = quotient.xreplace(self.it.values).is_integer if self.it.values else False
+            return quotient if isinstance(node.op, ast.Div) or exact else sp.floor(quotient)
+        return _ARITH[type(node.op)](a, b)
+
+    def e_Call(self, node: ast.Call, scope: dict[str, Any]) -> Any:
+        target = self.eval(node.func, scope)
+        args = [self.eval(a, scope) for a in node.args]
+        kwargs = {k.arg: self.eval(k.value, scope) for k in node.keywords}
+        if isinstance(target, Absent):
+            return args[0] if args else None  # a module the config does not build passes its input through
+        if isinstance(target, Module):
+            return self.it.call_module(target, args, kwargs)
+        if isinstance(target, Variants):
+            return self.it.call_variants(target, args, kwargs)
+        if target in self.it.model.recipe.functions:
+            text = self.it.model.recipe.functions[target]
+            program = compile_program(text, f"{self.it.model.recipe.source}: [functions] {target}")
+            return self.it.execute(program, self.path, self.copies, args, kwargs, self.env, self.children, self.layer_path, tuple(self.declared))
+        if target in OPERATIONS:
+            return self.op(target, args, kwargs, node)
+        raise self.fail(node, f"{ast.unparse(node.func)} is not a module, function or operation")
+
+    def op(self, name: str, args: list[Any], kwargs: dict[str, Any], node: ast.AST) -> Any:
+        ctx = self.it.ctx
+        try:
+            out = OPERATIONS[name](ctx, *args, **kwargs)
+        except SymparamError as e:
+            raise self.fail(node, f"{name}: {e}") from None
+        except (TypeError, ValueError, AttributeError, IndexError) as e:
+            raise self.fail(node, f"{name}: {e}") from None
+        for v in out if isinstance(out, tuple) else (out,):
+            if isinstance(v, Value):
+                ctx.steps.append(Step(ctx.module, name, v.shape, v.dtype, ctx.copies, storage=v.storage))
+        return out
+
+
+class Absent:
+    """A name the module does not have (a bias the config leaves out, a norm it does not build): calling it passes the
+    input through, testing it is false, `is None` is true."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"Absent({self.name})"
+
+
+# ---------------------------------------------------------------- the operations programs call
+
+
+def _size(x: Any) -> sp.Expr:
+    return sp.sympify(x)
+
+
+def _shape(args: tuple) -> list[sp.Expr]:
+    items = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+    return [_size(n) for n in items]
+
+
+def _tensor(ctx: Context, *shape: Any, dtype: str = "act", grad: bool = False) -> Value:
+    """A tensor made without autograd (positions, masks, rotary tables, indices): nothing saved for it."""
+    return ctx.new(_shape(shape), ctx.act if dtype == "act" else dtype, "tensor", grad)
+
+
+def _unsupported(ctx: Context, what: str, name: Any) -> Value:
+    raise SymparamError(f"{what} {name!r} is not described")
+
+
+def _integer(name: str) -> Callable[..., Value]:
+    def op(ctx: Context, x: Value, *rest: Any, **kw: Any) -> Value:
+        return ctx.new(x.shape, kw.get("dtype", "int64") if name != "floordiv" else x.dtype, name, False)
+    return op
+
+
+OPERATIONS: dict[str, Callable[..., Any]] = {
+    "linear": ops.linear,
+    "matmul": ops.matmul,
+    "embedding": ops.embedding,
+    **{n: ops.unary("input", n) for n in ("silu", "gelu", "gelu_tanh", "log", "abs", "softplus", "sin", "cos", "erf", "square")},
+    **{n: ops.unary("output", n) for n in ("relu", "sigmoid", "tanh", "exp", "rsqrt", "sqrt")},
+    "neg": ops.unary(None, "neg"),
+    "pow": lambda ctx, x, e: ops.unary("input", "pow")(ctx, x),
+    "add": lambda ctx, a, b: ops.binary(ctx, "add", a, b),
+    "sub": lambda ctx, a, b: ops.binary(ctx, "sub", a, b),
+    "mul": lambda ctx, a, b: ops.binary(ctx, "mul", a, b),
+    "div": lambda ctx, a, b: ops.binary(ctx, "div", a, b),
+    "floordiv": _integer("floordiv"),
+    "softmax": ops.softmax,
+    "log_softmax": lambda ctx, x, dim=-1, dtype=None: ops.softmax(ctx, x, dim, dtype, log=True),
+    "mean": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "mean"),
+    "sum": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "sum"),
+    "to": ops.to,
+    "float": lambda ctx, x: ops.to(ctx, x, "fp32"),
+    "view": lambda ctx, x, *shape: ops.view(ctx, x, _shape(shape)),
+    "reshape": lambda ctx, x, *shape: ops.view(ctx, x, _shape(shape), copy_if_needed=True),
+    "transpose": lambda ctx, x, a, b: ops.transpose(ctx, x, int(a), int(b)),
+    "permute": lambda ctx, x, *dims: ops.permute(ctx, x, *(int(d) for d in dims)),
+    "unsqueeze": lambda ctx, x, dim: ops.unsqueeze(ctx, x, int(dim)),
+    "squeeze": lambda ctx, x, dim: ops.squeeze(ctx, x, int(dim)),
+    "expand": lambda ctx, x, *shape: ops.expand(ctx, x, *_shape(shape)),
+    "narrow": lambda ctx, x, dim, start, length: ops.narrow(ctx, x, int(dim), start, length),
+    "split": lambda ctx, x, sizes, dim=-1: ops.split(ctx, x, [_size(n) for n in sizes], int(dim)),
+    "chunk": lambda ctx, x, parts, dim=-1: ops.chunk(ctx, x, int(parts), int(dim)),
+    "contiguous": ops.contiguous,
+    "clone": ops.copy,
+    "cat": lambda ctx, values, dim=-1: ops.cat(ctx, list(values), int(dim)),
+    "where": ops.where,
+    "dropout": ops.dropout,
+    "index": ops.index,
+    "topk": ops.topk,
+    "sort": ops.sort,
+    "grouped_mm": ops.grouped_mm,
+    "sdpa_flash": ops.sdpa_flash,
+    "sdpa_math": ops.sdpa_math,
+    "tensor": _tensor,
+    "nll_loss": ops.nll_loss,
+    "layer_norm_op": ops.layer_norm,
+    "pad": ops.pad,
+    "mish": ops.unary("input", "mish"),
+    "unsupported": _unsupported,
+    "cumsum": _integer("cumsum"),
+    "histc": _integer("histc"),
+}
+
+
+def trace(model: Any, mode: Mode = Mode(), context: Mapping[sp.Symbol, int] | None = None) -> Trace:
+    """The forward pass of a configured model; `context` gives S and B where a branch depends on them."""
+    return Interpreter(model, mode, context).run()
+
+
+__all__ = ["Mode", "Trace", "LayerCall", "Interpreter", "trace", "INPUTS", "OPERATIONS"]
