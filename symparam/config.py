@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ import sympy as sp
 
 from symparam.components import Term
 from symparam.errors import SymparamError
-from symparam.files import nesting, read_text, shown
+from symparam.files import loads, read_text, shown
 from symparam.recipes import REGISTRY, Recipe
 from symparam.rules import Uniform, compile_rule, lookup_in, message_text
 from symparam.symbols import MAX_VALUE, make, parse
@@ -101,41 +100,6 @@ def read_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise SymparamError(f"{shown(path)}: expected a JSON object, got {type(raw).__name__}")
     return raw
-
-
-class _LongNumber(Exception):
-    """A JSON integer with more digits than Python reads (sys.get_int_max_str_digits())."""
-
-
-def _integer(text: str) -> int:
-    if len(text.lstrip("-")) > sys.get_int_max_str_digits() > 0:
-        raise _LongNumber(len(text.lstrip("-")))
-    return int(text)
-
-
-def loads(text: str | bytes, where: str) -> Any:
-    """JSON text as data, as Python's json (and so transformers) reads it: NaN and Infinity are floats (Nemotron-H's
-    time_step_limit holds Infinity; a size that is one is refused where it is read), an integer of more digits than
-    Python reads and too-deep nesting are refused, a duplicate key is warned of (the last wins)."""
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in items:
-            if key in out:
-                print(f"{where}: warning: key {key!r} appears more than once; the last value wins, as in transformers", file=sys.stderr)
-            out[key] = value
-        return out
-
-    try:
-        return nesting(json.loads(text, object_pairs_hook=pairs, parse_int=_integer), where)
-    except json.JSONDecodeError as e:
-        raise SymparamError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except UnicodeDecodeError:
-        raise SymparamError(f"{where}: not valid JSON (not UTF-8 text)") from None
-    except _LongNumber as e:
-        raise SymparamError(f"{where}: a number of {e.args[0]:,} digits, more than Python reads ({sys.get_int_max_str_digits():,}); no size is that large") from None
-    except RecursionError:
-        raise SymparamError(f"{where}: JSON nested too deeply to be a config") from None
 
 
 Note = tuple[str, dict[str, str]]  # a phrase of templates/<lang>.toml and its fields: how a config was read

@@ -1,13 +1,15 @@
-"""Every file a user names, read or written in one place: inputs only if regular and at most a stated size; outputs
-atomically (a temporary file beside the target, renamed over it) or through a FIFO or character device; a failure is
-one line naming the path."""
+"""Every file a user names, read or written in one place: inputs only if regular and at most a stated size (JSON and
+TOML read from them bounded too); outputs atomically (a temporary file beside the target, renamed over it) or through a
+FIFO or character device; a failure is one line naming the path."""
 
 from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -123,6 +125,41 @@ def nesting(value: Any, where: str, limit: int = MAX_NESTING) -> Any:
     return value
 
 
+class _LongNumber(Exception):
+    """A JSON integer with more digits than Python reads (sys.get_int_max_str_digits())."""
+
+
+def _integer(text: str) -> int:
+    if len(text.lstrip("-")) > sys.get_int_max_str_digits() > 0:
+        raise _LongNumber(len(text.lstrip("-")))
+    return int(text)
+
+
+def loads(text: str | bytes, where: str) -> Any:
+    """JSON text as data, as Python's json (and so transformers) reads it: NaN and Infinity are floats (Nemotron-H's
+    time_step_limit holds Infinity; a size that is one is refused where it is read), an integer of more digits than
+    Python reads and too-deep nesting are refused, a duplicate key is warned of (the last wins)."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                print(f"{where}: warning: key {key!r} appears more than once; the last value wins, as in transformers", file=sys.stderr)
+            out[key] = value
+        return out
+
+    try:
+        return nesting(json.loads(text, object_pairs_hook=pairs, parse_int=_integer), where)
+    except json.JSONDecodeError as e:
+        raise SymparamError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError:
+        raise SymparamError(f"{where}: not valid JSON (not UTF-8 text)") from None
+    except _LongNumber as e:
+        raise SymparamError(f"{where}: a number of {e.args[0]:,} digits, more than Python reads ({sys.get_int_max_str_digits():,}); no size is that large") from None
+    except RecursionError:
+        raise SymparamError(f"{where}: JSON nested too deeply to be a config") from None
+
+
 # --- outputs ---------------------------------------------------------------------------------------------------
 
 
@@ -213,4 +250,4 @@ def directory(path: str | Path) -> Path:
     return path
 
 
-__all__ = ["MAX_NESTING", "status", "existing", "opened", "read_bytes", "read_text", "nesting", "new_file_mode", "replacing", "write_atomic", "directory", "shown"]
+__all__ = ["MAX_NESTING", "status", "existing", "opened", "read_bytes", "read_text", "nesting", "loads", "new_file_mode", "replacing", "write_atomic", "directory", "shown"]
