@@ -68,7 +68,7 @@ def text(entries: list[dict[str, Any]]) -> str:
             if "unsupported" in e:
                 lines.append(f"    {e['name']:<{width}}  {e.get('hub', ''):<{hub}}  {e['unsupported']}")
                 continue
-            active = f"  active {scaled(e['active'])}" if e["active"] != e["total"] else ""
+            active = f"  active {scaled(e['active'])}" if e["active"] not in (None, e["total"]) else ""
             lines.append(f"    {e['name']:<{width}}  {e.get('hub', ''):<{hub}}  total {scaled(e['total'])}{active}".rstrip())
     return "\n".join(lines)
 

@@ -7,11 +7,13 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import sympy as sp
 
-from symparam.config import Source, read_config, resolve
+from symparam.config import Note, Source, read_as, read_config, resolve, unwrap
 from symparam.errors import SymparamError
 from symparam.files import reason, shown, write_atomic
 from symparam.hub import REVISION, check_url, read_model
@@ -28,6 +30,8 @@ def add_source(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--config", metavar="FILE", help="a Hugging Face config.json")
     group.add_argument("--arch", metavar="ARCH", help="a family, e.g. qwen3-moe; values from --set")
     group.add_argument("--recipe", metavar="FILE", help="a recipe TOML file describing a new architecture")
+    group.add_argument("--as", metavar="FAMILY", dest="read_as", help="read the config (a wrapper's language model) as this family, "
+                       "whatever its model_type says; the output says so")
     group.add_argument("--set", metavar="SYMBOL=INT", nargs="+", default=[], dest="sets", help="symbol values, e.g. d=4096 N=36")
 
 
@@ -45,7 +49,15 @@ def parse_sets(items: list[str]) -> dict[str, int]:
     return values
 
 
-Named = tuple[dict, Recipe | None, str, Source | None]  # what source() returns
+class Named(NamedTuple):
+    """What source() returns: the config, the recipe the options force, a title, where the config came from, and how
+    --as read it."""
+
+    raw: dict
+    recipe: Recipe | None
+    name: str
+    origin: Source | None
+    read_as: Note | None = None
 
 
 def source(args: argparse.Namespace) -> Named:
@@ -54,21 +66,35 @@ def source(args: argparse.Namespace) -> Named:
         raise SymparamError("give only one of --model and --config")
     if args.revision and not args.model:
         raise SymparamError("--revision: names a revision of a Hub id; give --model ORG/NAME")
+    if args.read_as and (args.arch or args.recipe):
+        raise SymparamError("--as: give it with --model or --config, not with --arch or --recipe")
     recipe = load_recipe(args.recipe) if args.recipe else REGISTRY.family(args.arch) if args.arch else None
     if args.model:
         raw, name, origin = read_model(args.model, args.revision)
-        return raw, recipe, name, origin
-    if args.config:
-        return read_config(args.config), recipe, args.config, Source("file", path=args.config)
-    if recipe is None:
+    elif args.config:
+        raw, name, origin = read_config(args.config), args.config, Source("file", path=args.config)
+    elif args.read_as:
+        raise SymparamError("--as: reads a config as a family; give --model NAME or --config FILE")
+    elif recipe is None:
         raise SymparamError("name a model: --model NAME, --config FILE, --arch ARCH or --recipe FILE")
-    return {}, recipe, recipe.title, None
+    else:
+        return Named({}, recipe, recipe.title, None)
+    if args.read_as:
+        if args.read_as.replace("-", "_") not in REGISTRY.by_family:
+            raise SymparamError(f"--as: unknown family {args.read_as!r}; `symparam list` shows the {len(REGISTRY.by_family)} families")
+        recipe = REGISTRY.family(args.read_as)
+        raw, note = read_as(raw, recipe)
+        return Named(raw, recipe, name, origin, note)
+    return Named(raw, recipe, name, origin)
 
 
 def model_from(args: argparse.Namespace, named: Named | None = None) -> Model:
     """The Model that the source options name (or `named`, their source() already read), with its values."""
-    raw, recipe, name, origin = named or source(args)
-    return Model.from_resolved(resolve(raw, recipe, parse_sets(args.sets), name, origin))
+    raw, recipe, name, origin, note = named or source(args)
+    resolved = resolve(raw, recipe, parse_sets(args.sets), name, origin)
+    if note is not None:  # --as: said in text (a note) and JSON (read_as)
+        resolved = replace(resolved, notes=resolved.notes + (note,), scope={**resolved.scope, "read_as": recipe.family})
+    return Model.from_resolved(resolved)
 
 
 def formula(expr: sp.Expr) -> str:
@@ -101,7 +127,8 @@ def cmd_count(args: argparse.Namespace) -> str:
         figures.append(("active", count.active, "; one token's share of the routed experts"))
     figures.append(("active without input embedding", count.active_without_embedding, "; as vendors often quote"))
     title = model.name if model.name == model.recipe.title else f"{model.name} ({model.recipe.title})"
-    lines = [title] + notes + [f"{label:<31}{n:>19,}  ({scaled(n)}{why})" for label, n, why in figures]
+    unknown = f"unknown (without {', '.join(model.unknown.values())})"
+    lines = [title] + notes + [f"{label:<31}{n:>19,}  ({scaled(n)}{why})" if n is not None else f"{label:<31}{unknown:>19}" for label, n, why in figures]
     if extras:
         more = sum(e["values"] for e in extras)
         lines.append(f"{'stored in the checkpoint':<31}{more:>19,}  more values ({scaled(more)}), not parameters transformers builds:")
@@ -110,7 +137,8 @@ def cmd_count(args: argparse.Namespace) -> str:
         lines.append(f"{'stored as':<31}{stored['bytes']:>19,}  bytes ({stored['title']}, from {stored['source']}: "
                      f"{stored['tensor_count']:,} tensors; `symparam memory` lists them)")
     tied = " (tied: stored once, in the input embedding)" if model.flags.get("tied") else ""
-    rows = [(c + (tied if c == "LM head" else ""), formula(grouped(model.tree, bucket=c)), f"{n:,}", f"{percent(n, count.total)}%", f"{count.active_components[c]:,}") for c, n in count.components.items()]
+    shown = lambda n: "unknown" if n is None else f"{n:,}"  # noqa: E731
+    rows = [(c + (tied if c == "LM head" else ""), formula(grouped(model.tree, bucket=c)), f"{n:,}", f"{percent(n, count.total)}%", shown(count.active_components[c])) for c, n in count.components.items()]
     header = ("component", "formula", "parameters", "share") + (("active",) if moe else ())
     table = [header] + [r if moe else r[:4] for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
@@ -205,9 +233,9 @@ def cmd_plot(args: argparse.Namespace) -> str:
 
 
 def config_and_recipe(args: argparse.Namespace) -> tuple[dict, Recipe]:
-    """The config the source options name ({} for --arch or --recipe alone) and its recipe."""
-    raw, recipe, _, _ = source(args)
-    return raw, recipe or REGISTRY.for_model_type(raw.get("model_type"))
+    """The config the source options name ({} for --arch or --recipe alone) and its recipe (a wrapper's: its language model's)."""
+    named = source(args)
+    return named.raw, named.recipe or unwrap(named.raw, None)[1]
 
 
 def add_verify(p: argparse.ArgumentParser) -> None:
@@ -230,8 +258,6 @@ def remote_target(url: str, origin: Source | None, revision: str | None) -> tupl
 
 
 def cmd_verify(args: argparse.Namespace) -> tuple[str, int]:
-    from dataclasses import replace
-
     from symparam import verify
     from symparam.render import note
 
@@ -311,7 +337,7 @@ def cmd_sweep(args: argparse.Namespace) -> str:
     raw, recipe = config_and_recipe(args)
     results = whatif.sweep_config(recipe, raw, columns, parse_sets(args.sets), args.on_overflow)  # each row as `count --set` it
     if args.json:
-        return json.dumps({**{k: [int(x) for x in v] for k, v in columns.items()}, **{k: [int(x) for x in v] for k, v in results.items()}})
+        return json.dumps({**{k: [int(x) for x in v] for k, v in columns.items()}, **{k: None if v is None else [int(x) for x in v] for k, v in results.items()}})
     out = whatif.csv_text(columns, results)
     if args.output:
         write_atomic(Path(args.output), out + "\n")

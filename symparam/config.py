@@ -16,7 +16,7 @@ import sympy as sp
 from symparam.components import Term
 from symparam.errors import SymparamError
 from symparam.files import loads, read_text, shown
-from symparam.recipes import REGISTRY, Recipe
+from symparam.recipes import REGISTRY, Recipe, Wrapper, scope, wrapper
 from symparam.rules import Uniform, compile_rule, lookup_in, message_text
 from symparam.symbols import MAX_VALUE, make, parse
 
@@ -37,6 +37,7 @@ class Resolved:
     quantization: dict[str, Any] | None = None  # quantization_config (top level, else the language model's), as written
     dtype: str = "bfloat16"  # torch_dtype (or dtype) the checkpoint's unquantized tensors are stored in
     config: dict[str, Any] = field(default_factory=dict)  # the language model's config.json with the family's defaults
+    unknown: dict[str, str] = field(default_factory=dict)  # symbols only `active` needs that the config does not set -> their keys
 
 
 @dataclass(frozen=True)
@@ -105,67 +106,188 @@ def read_config(path: str | Path) -> dict[str, Any]:
 Note = tuple[str, dict[str, str]]  # a phrase of templates/<lang>.toml and its fields: how a config was read
 
 
-def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], Recipe, tuple[Note, ...], dict[str, Any]]:
-    """The language-model config and its recipe: a multimodal wrapper's text_config, or a family found by class name."""
+def unwrap(raw: dict[str, Any], recipe: Recipe | None) -> tuple[dict[str, Any], Recipe, tuple[Note, ...], dict[str, Any], bool | None]:
+    """The language-model config and its recipe, how it was read, its scope, and whether a wrapper ties its head (None:
+    the language model's own flag decides): a config of a family's own type; a multimodal wrapper, read by structure (its
+    language model under text_config or a legacy key, recipes/_wrappers.toml); a family found by class name."""
+    if not isinstance(raw, dict):
+        raise SymparamError(f"config: expected a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
-    wrapped = (recipe if isinstance(model_type, str) and model_type in recipe.wrappers else None) if recipe is not None else REGISTRY.wrapper(model_type)
-    if wrapped is not None:
-        spec = wrapped.wrappers[model_type]
-        key = spec.get("config", "text_config")
-        text = raw.get(key)
-        if text is None and spec.get("flat"):  # the language model's keys at the top level, as transformers reads them then
-            text = {k: v for k, v in raw.items() if k != "model_type" and not k.endswith("_config")}
-        if not isinstance(text, dict):
-            raise SymparamError(f"{key}: missing; a {model_type} config keeps its language model there")
-        defaults = spec.get("defaults", {})  # the wrapper config's own defaults for the keys it keeps
-        kept = {k: raw.get(k, defaults.get(k)) for k in spec.get("keep", []) if k in raw or k in defaults}
-        inner = {**text, **kept}  # a kept key is the wrapper's: transformers ties a wrapper's head by its top-level flag
-        inner.setdefault("model_type", wrapped.model_types[0])
-        if recipe is None and inner["model_type"] in REGISTRY.by_type:  # Mistral 3 may wrap a plain "mistral" text config
-            wrapped = REGISTRY.for_model_type(inner["model_type"])
-        note = ("note_wrapper", {"wrapper": model_type, "key": key})
-        return inner, wrapped, (note,), {"scope": "language model", "wrapper": model_type}
+    if isinstance(model_type, str) and model_type in (recipe.model_types if recipe is not None else REGISTRY.by_type):
+        return raw, recipe or REGISTRY.for_model_type(model_type), (), {}, None
+    spec = wrapper(model_type)
+    key = next((k for k in spec.keys if k in raw), None)
+    if isinstance(model_type, str) and (spec.known or key is not None):
+        return _language_model(raw, spec, key, recipe)
     if recipe is not None:
-        if "model_type" in raw and model_type not in recipe.model_types:
-            raise SymparamError(f"model_type: {model_type!r} is not a {recipe.family} config (that recipe reads {', '.join(recipe.model_types)})")
-        return raw, recipe, (), {}
-    if isinstance(model_type, str) and model_type in REGISTRY.by_type:
-        return raw, REGISTRY.for_model_type(model_type), (), {}
+        if "model_type" in raw:
+            raise SymparamError(f"model_type: {model_type!r} is not a {recipe.family} config (that recipe reads {', '.join(recipe.model_types)}); --as {recipe.family} reads it as one")
+        return raw, recipe, (), {}, None
     by_class = REGISTRY.for_class(raw.get("architectures"))
     if by_class is not None:
-        cls = next(a for a in raw["architectures"] if a in by_class.architectures)
-        fields = {"family": by_class.family, "cls": cls, "model_type": str(model_type)}
-        return raw, by_class, (("note_unknown_type" if model_type is not None else "note_no_type", fields),), {}
-    return raw, REGISTRY.for_model_type(model_type), (), {}
+        return raw, by_class, (_by_class(by_class, raw),), {}, None
+    raise unsupported(model_type, raw, "model_type")
+
+
+def _by_class(recipe: Recipe, config: dict[str, Any]) -> Note:
+    """The note for a config read as a family because its architectures names that family's class."""
+    cls = next(a for a in config["architectures"] if a in recipe.architectures)
+    fields = {"family": recipe.family, "cls": cls, "model_type": str(config.get("model_type"))}
+    return ("note_unknown_type" if config.get("model_type") is not None else "note_no_type", fields)
+
+
+def _language_model(raw: dict[str, Any], spec: Wrapper, key: str | None, recipe: Recipe | None) -> tuple[dict[str, Any], Recipe, tuple[Note, ...], dict[str, Any], bool | None]:
+    """A multimodal wrapper's language model, with the wrapper's keys applied as transformers applies them."""
+    model_type = raw["model_type"]
+    if spec.reason:
+        raise SymparamError(f"model_type: a {model_type} config is not counted: {spec.reason}")
+    text = raw.get(key) if key else None
+    where = key or spec.keys[0]
+    if text is None and spec.flat:  # published configs that keep the language model's keys at the top level
+        text = {k: v for k, v in raw.items() if k != "model_type" and not k.endswith("_config") and (spec.flat is True or k in spec.flat)}
+        where = "its top-level keys"
+    of = f" ({spec.text})" if spec.text else ""
+    if text is None:
+        raise SymparamError(f"{where}: missing; a {model_type} config keeps its language model{of} there")
+    if not isinstance(text, dict):
+        raise SymparamError(f"{where}: expected an object, the config of a {model_type} config's language model{of}; got {_shown(text)}")
+    if not text:
+        raise SymparamError(f"{where}: empty; a {model_type} config keeps the config of its language model{of} there")
+    text = {**spec.text_defaults, **text}
+    text_type = text.get("model_type", spec.text)
+    text_type = spec.rename.get(text_type, text_type) if isinstance(text_type, str) else text_type
+    notes: tuple[Note, ...] = (("note_wrapper", {"wrapper": model_type, "key": where}),)
+    if recipe is None and isinstance(text_type, str) and text_type in REGISTRY.by_type:
+        recipe = REGISTRY.for_model_type(text_type)
+    elif recipe is None:
+        recipe = REGISTRY.for_class(text.get("architectures"))
+        if recipe is None:
+            raise unsupported(text_type, text, f"{where}.model_type")
+        notes += (_by_class(recipe, text),)
+    elif text_type is not None and text_type not in recipe.model_types:
+        raise SymparamError(f"{where}.model_type: {text_type!r} is not a {recipe.family} config (that recipe reads {', '.join(recipe.model_types)}); --as {recipe.family} reads it as one")
+    inner = {**text, "model_type": text_type if isinstance(text_type, str) else recipe.model_types[0]}
+    return inner, recipe, notes, {"scope": "language model", "wrapper": model_type}, _wrapper_tie(raw, spec, key, {**recipe.defaults, **inner})
+
+
+def _wrapper_tie(raw: dict[str, Any], spec: Wrapper, key: str | None, text: dict[str, Any]) -> bool | None:
+    """Whether the wrapper ties its own LM head, by its rule over its own keys (text_config.<key> reads the language
+    model's config); None where the head is the language model's own (Blip-2's OPTForCausalLM ties it by its config)."""
+    if spec.head == "language model":
+        return None
+    for name in spec.tie.reads:
+        if name != "text_config" and raw.get(name) is not None and not isinstance(raw[name], bool):
+            raise SymparamError(f"{name}: expected true or false, got {_shown(raw[name])}")
+    own = {**spec.defaults, **{k: v for k, v in raw.items() if k != key and v is not None}}
+    tied = bool(spec.tie(lookup_in({**own, "text_config": text})))
+    for name in spec.head_keys if not tied else ():  # a head of its own size: transformers sizes it by the wrapper's keys
+        if own.get(name) != text.get(name):
+            raise SymparamError(f"{name}: this {raw['model_type']} config sizes its untied LM head by its own {name} ({_shown(own.get(name))}) and its "
+                                f"language model by text_config's ({_shown(text.get(name))}); symparam counts a head the size of the embedding")
+    return tied
+
+
+def _shown(value: Any) -> str:
+    """A config value as JSON, cut short for a one-line message."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def read_as(raw: Any, recipe: Recipe) -> tuple[Any, Note]:
+    """`--as FAMILY`: the config with its language model's model_type (a wrapper's text_config's, else its own) set to
+    the family's, and the note that says so."""
+    if not isinstance(raw, dict):
+        return raw, ("note_read_as", {"family": recipe.family, "model_type": "None"})  # resolve refuses it
+    model_type = raw.get("model_type")
+    spec = wrapper(model_type)
+    key = next((k for k in spec.keys if k in raw), None) if isinstance(model_type, str) and model_type not in REGISTRY.by_type else None
+    if (key is not None or spec.known) and not isinstance(raw.get(key or ""), dict):  # a wrapper without its language model
+        return raw, ("note_read_as", {"family": recipe.family, "model_type": str(model_type)})  # (flat, or resolve says what is missing)
+    inner = raw[key] if key else raw
+    note = ("note_read_as", {"family": recipe.family, "model_type": str(inner.get("model_type"))})
+    given = {**inner, "model_type": recipe.model_types[0]}
+    return ({**raw, key: given} if key else given), note
+
+
+def unsupported(model_type: Any, config: dict[str, Any], where: str) -> SymparamError:
+    """The error for a model_type no recipe reads: its reason where it is out of scope, else the nearest families (by
+    architectures and config keys) and how to count it anyway."""
+    reason = scope()["types"].get(model_type) if isinstance(model_type, str) else None
+    if reason is not None:
+        return SymparamError(f"{where}: {model_type!r} is out of scope: {scope()['reasons'][reason]}")
+    nearest = ", ".join(nearest_families(config))
+    return SymparamError(f"{where}: unsupported {model_type!r}; nearest families by architectures and keys: {nearest}; to count it anyway, "
+                         f"read it as one of them with --as FAMILY, or describe it in a recipe of your own with --recipe FILE")
+
+
+def nearest_families(config: dict[str, Any], count: int = 3) -> list[str]:
+    """The families closest to a config: the similarity of its architectures and model_type to theirs, plus the share
+    of config keys the family reads that the config sets (keys no family reads do not count)."""
+    import difflib
+
+    def stem(name: Any) -> str:
+        text = str(name).lower()
+        for suffix in ("forcausallm", "forconditionalgeneration", "lmheadmodel", "model"):
+            text = text.removesuffix(suffix)
+        return "".join(ch for ch in text if ch.isalnum())
+
+    recipes = list(REGISTRY)
+    reads = {r.family: _keys_read(r) for r in recipes}
+    known = set().union(*reads.values())
+    given = {k for k in config if k in known}
+    mine = [stem(a) for a in config.get("architectures") or [] if isinstance(a, str)] + [stem(config.get("model_type"))]
+
+    def alike(a: str, b: str) -> float:  # a family's name inside the config's (MyLlama holds llama) counts as the same
+        return 1.0 if a and b and (a in b or b in a) else difflib.SequenceMatcher(None, a, b).ratio()
+
+    def score(r: Recipe) -> float:
+        names = [stem(a) for a in r.architectures] + [stem(t) for t in r.model_types]
+        similar = max(alike(a, b) for a in mine for b in names if a) if any(mine) else 0.0
+        union = given | reads[r.family]
+        return similar + (len(given & reads[r.family]) / len(union) if union else 0.0)
+
+    return [r.family for r in sorted(recipes, key=lambda r: (-score(r), r.family))[:count]]
+
+
+def _keys_read(recipe: Recipe) -> set[str]:
+    """The top-level config keys a family reads: its symbols' keys, defaults, switches, per-layer rules and lists."""
+    found = set(recipe.defaults) | set(recipe.lists) | {k for s in recipe.symbols.values() for k in s.keys}
+    for rule in (*recipe.switches.values(), *recipe.layer_symbols.values(), *recipe.per_layer_symbols.values()):
+        found |= set(rule.reads) - {"i"}
+    return {k.split(".")[0] for k in found}
 
 
 def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int] | None = None, name: str = "", source: Source | None = None) -> Resolved:
     """Switches and exact symbol values for `raw` (a config dict), read against its family's recipe; `source` says where it came from."""
-    if not isinstance(raw, dict):
-        raise SymparamError(f"config: expected a JSON object, got {type(raw).__name__}")
     outer = raw
-    raw, recipe, notes, scope = unwrap(raw, recipe)
+    raw, recipe, notes, scope, tied = unwrap(raw, recipe)
     notes = ((source.note,) if source is not None and source.note else ()) + notes
-    config = {**recipe.defaults, **raw}
+    config = legacy_kinds(recipe, {**recipe.defaults, **raw})
     flags = recipe.switch_values(config)
+    if tied is not None:  # a wrapper's own head, tied by the wrapper's rule whatever the language model's flag says
+        flags["tied"] = tied
     tree = recipe.build(flags)
-    needed = {str(s) for s in tree_symbols(tree)}
+    needed = {str(s) for s in tree_symbols(tree, active=False)}
+    for_active = {str(s) for s in tree_symbols(tree)} - needed  # k: what one token visits, not what the model holds
     overrides = dict(overrides or {})
     for symbol in overrides:
         if symbol not in recipe.symbols:
             raise SymparamError(f"--set {symbol}: unknown symbol for {recipe.family}; known: {', '.join(recipe.symbols)}")
     values = Values(recipe, config, overrides)
+    _check_lists(recipe, config, values, set(raw))  # before any layer rule indexes them
     for symbol in sorted(needed):
         values.get(symbol)
+    unknown = {symbol: " or ".join(recipe.symbols[symbol].keys) or symbol for symbol in sorted(for_active) if values.get(symbol, required=False) is None}
+    if unknown:
+        notes += (("note_active_unknown", {"keys": ", ".join(unknown.values()), "symbols": ", ".join(unknown)}),)
     for symbol in _optional(recipe, tree):
         values.maybe(symbol)
     _layer_counts(recipe, values, overrides)
-    _check_lists(recipe, config, values.known)
     _one_variant_per_layer(recipe, values)
     _checks(recipe, values.known)
     _whole_shapes(tree, values.known, as_subs(values.known))
     return Resolved(recipe, flags, values.known, name or str(raw.get("_name_or_path", recipe.family)), notes, scope, source,
-                    quantization(outer, raw), stored_dtype(outer, raw), config)
+                    quantization(outer, raw), stored_dtype(outer, raw), config, unknown)
 
 
 def quantization(outer: dict[str, Any], inner: dict[str, Any]) -> dict[str, Any] | None:
@@ -191,14 +313,15 @@ def stored_dtype(outer: dict[str, Any], inner: dict[str, Any]) -> str:
     return "bfloat16"
 
 
-def tree_symbols(tree: Term) -> set[sp.Symbol]:
+def tree_symbols(tree: Term, active: bool = True) -> set[sp.Symbol]:
     """Every symbol a tree's shapes and copies use, tied tensors and buffers included (Zamba's reuse count is only in
-    tied copies; a layer count whose kinds cancel in the total still sizes its tensors)."""
+    tied copies; a layer count whose kinds cancel in the total still sizes its tensors); with `active` false, only
+    those the model's tensors need, not the copies one token visits (k)."""
     from symparam.components import walk
 
     found: set[sp.Symbol] = set()
     for node, *_ in walk(tree):
-        for e in (*node.shape, node.times, node.active_times):
+        for e in (*node.shape, node.times, *((node.active_times,) if active else ())):
             found |= sp.sympify(e).free_symbols
     return found
 
@@ -238,8 +361,11 @@ class Values:
             value = self.per_layer(symbol)
         else:
             key = next((k for k in s.keys if self.read(k) is not None), None)
+            listed = self.listed_length(symbol)
             if key is not None:
                 value = _check(self.recipe, symbol, key, self.read(key))
+            elif listed is not None:
+                value = listed
             elif s.fallback is not None:
                 value = self._default(symbol, required)
                 if value is None:
@@ -251,6 +377,12 @@ class Values:
                 return None
         self.known[symbol] = value
         return value
+
+    def listed_length(self, symbol: str) -> int | None:
+        """The length of the first per-layer list the config gives whose length sets `symbol` ([lists] sets = true:
+        Nemotron-H's layers_block_type, as transformers derives num_hidden_layers from it); None if it gives none."""
+        given = (self.read(key) for key, spec in self.recipe.lists.items() if spec["sets"] and spec["length"] == symbol)
+        return next((len(v) for v in given if isinstance(v, (list, str)) and v), None)
 
     def maybe(self, symbol: str) -> int | None:
         """A value the model does not need but other figures read (the window, d_ff of an estimate): None if unset or unusable."""
@@ -322,21 +454,43 @@ def _layer_counts(recipe: Recipe, values: Values, overrides: Mapping[str, int]) 
             raise SymparamError(f"--set {name}={overrides[name]}: more than the N = {layers} layers ({recipe.symbols[name].meaning} are some of them)")
 
 
-def _check_lists(recipe: Recipe, config: dict[str, Any], values: dict[str, int]) -> None:
-    """Per-layer lists (layer_types, ...): one entry per layer, each a kind the family knows."""
-    read = lookup_in(config)
+def legacy_kinds(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
+    """The config with the legacy kind names of its per-layer lists read as transformers reads them ([lists] aliases:
+    Nemotron-H's "mamba" is "linear_attention")."""
+    out = dict(config)
     for key, spec in recipe.lists.items():
-        given = read(key)
-        if given is None:
+        if spec["aliases"] and isinstance(out.get(key), list):
+            out[key] = [spec["aliases"].get(kind, kind) if isinstance(kind, str) else kind for kind in out[key]]
+    return out
+
+
+def _check_lists(recipe: Recipe, config: dict[str, Any], values: Values, given: set[str]) -> None:
+    """Per-layer lists (layer_types, ...): one entry per layer, each a kind the family knows; a list of one-character
+    kinds may be a string (Nemotron-H's hybrid_override_pattern "M-M*"). Of the lists that set one symbol, transformers
+    reads the first the config gives and ignores the rest (layers_block_type before hybrid_override_pattern)."""
+    read = lookup_in(config)
+    chosen: set[str] = set()
+    for key, spec in recipe.lists.items():
+        entries = read(key)
+        if entries is None or spec["sets"] and spec["length"] in chosen:
             continue
-        if not isinstance(given, list):
-            raise SymparamError(f"{key}: expected a list, got {shown(json.dumps(given))}")
-        length = parse(spec["length"], known=make).xreplace(as_subs(values))
-        if length.is_Integer and len(given) != int(length):
-            raise SymparamError(f"{key}: has {len(given)} entries, expected {spec['length']} = {length}")
-        for i, kind in enumerate(given):
+        if spec["sets"]:
+            chosen.add(spec["length"])
+        letters = spec["values"] is not None and all(len(v) == 1 for v in spec["values"])
+        if not isinstance(entries, list) and not (letters and isinstance(entries, str)):
+            raise SymparamError(f"{key}: expected a list{' or a string' if letters else ''}, got {shown(json.dumps(entries))}")
+        formula = parse(spec["length"], known=make)
+        length = formula.xreplace(as_subs({str(x): values.get(str(x)) for x in formula.free_symbols}))
+        if length.is_Integer and len(entries) != int(length):
+            symbol = recipe.symbols.get(spec["length"])
+            said = next((k for k in symbol.keys if read(k) is not None), None) if symbol else None
+            where = f" ({said} = {length})" if said else f" = {length}"
+            default = "" if key.split(".")[0] in given else " (transformers' default, the config gives none)"
+            raise SymparamError(f"{key}: has {len(entries)} entries{default}, expected {spec['length']}{where}")
+        for i, kind in enumerate(entries):
             if spec["values"] is not None and kind not in spec["values"]:
-                raise SymparamError(f"{key}: unknown kind {kind!r} at layer {i}; known: {', '.join(spec['values'])}")
+                legacy = f" (and the legacy {', '.join(spec['aliases'])})" if spec["aliases"] else ""
+                raise SymparamError(f"{key}: unknown kind {kind!r} at layer {i}; known: {', '.join(spec['values'])}{legacy}")
 
 
 def _one_variant_per_layer(recipe: Recipe, values: Values) -> None:
@@ -365,7 +519,8 @@ def _whole_shapes(term: Term, values: dict[str, int], subs: dict[sp.Symbol, sp.I
     """Every tensor dimension must be a whole number at these values (d*h_kv/h with h not dividing d is not), and every
     count of copies (N - N_dense layers, k of n experts) one that is not negative."""
     path = f"{path}.{term.key}" if path and term.key else path or term.key
-    sizes = [(dim, "its size") for dim in term.shape] + [(times, "its copies") for times in {term.times, term.active_times} if times.free_symbols]
+    copies = [times for times in {term.times, term.active_times} if times.free_symbols and {str(x) for x in times.free_symbols} <= set(values)]  # k may be unset
+    sizes = [(dim, "its size") for dim in term.shape] + [(times, "its copies") for times in copies]
     for dim, what in sizes:
         size = dim.xreplace(subs)
         if not size.is_Integer or size < 0:

@@ -214,6 +214,11 @@ class Derivation:
         return self.active_chain is not None
 
     @property
+    def active_figures(self) -> bool:
+        """Whether one token's figures are shown beside the totals: a mixture of experts whose config sets k."""
+        return self.moe and self.active_value is not None
+
+    @property
     def tied(self) -> bool:
         return bool(self.flags.get("tied"))
 
@@ -221,6 +226,11 @@ class Derivation:
 def exact(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None, what: str = "") -> int | None:
     """An expression's integer value at the given values, or None without values; a fraction is a SymparamError."""
     return None if values is None else evaluate(expr, values, what)
+
+
+def exact_active(expr: sp.Expr, values: Mapping[sp.Symbol, int] | None, what: str = "") -> int | None:
+    """A figure of one token at the given values: None also where it needs k that the config does not set."""
+    return None if values is None or sp.sympify(expr).free_symbols - set(values) else evaluate(expr, values, what)
 
 
 def merged(terms) -> list[sp.Expr]:
@@ -448,7 +458,7 @@ class _Walker:
             active_written=grouped(one, active=True, model=model),
             substituted=substituted(terms, self.values) if self.values is not None else None,
             value=exact(expanded, self.values, what),
-            active_value=exact(active_expanded, self.values, f"{what} (active)"),
+            active_value=exact_active(active_expanded, self.values, f"{what} (active)"),
             closed=closed,
         )
         return index
@@ -458,7 +468,7 @@ class _Walker:
             sub = ".".join(p for p in (path, c.key) if p)
             if is_step(c, bucket):
                 what = f"{self.name}: copies of {sub}"
-                times, active_times = exact(c.times, self.values, what), exact(c.active_times, self.values, f"{what} (active)")
+                times, active_times = exact(c.times, self.values, what), exact_active(c.active_times, self.values, f"{what} (active)")
                 step = None if times == 0 == active_times else self.walk(c, sub, bucket)
                 placeholder = self.steps[step].placeholder if step is not None and self.steps[step] else sp.Symbol(f"P_{len(self.steps)}_{len(refs)}")
                 refs.append(Ref(step, title(c), placeholder, c.times, c.active_times))
@@ -553,7 +563,7 @@ def table(model: Model, count: Count | None) -> tuple[Row, ...]:
             continue
         n, a = count.components[c], count.active_components[c]
         if n or a or tied:
-            rows.append(Row(c, formula, n, a, Fraction(n, count.total), Fraction(a, count.active), tied))
+            rows.append(Row(c, formula, n, a, Fraction(n, count.total), None if a is None or count.active is None else Fraction(a, count.active), tied))
     return tuple(rows)
 
 

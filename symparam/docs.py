@@ -5,7 +5,6 @@ does not need it)."""
 from __future__ import annotations
 
 import stat
-import tomllib
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
@@ -16,7 +15,8 @@ from symparam.derive import Derivation, derive
 from symparam.errors import SymparamError
 from symparam.files import directory as output_directory, existing, read_text, shown, write_atomic
 from symparam.model import Model
-from symparam.recipes import HEADERS, REGISTRY, header_index
+from symparam.config import resolve
+from symparam.recipes import HEADERS, REGISTRY, header_index, scope, wrapper_table
 from symparam.render import FORMATS, LANGS, examples_page, render
 
 
@@ -59,9 +59,12 @@ def causal_lm_types() -> tuple[dict[str, str], str] | None:
     return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), transformers.__version__
 
 
-def scope() -> dict[str, dict[str, str]]:
-    """The model types that are out of scope, with the reason for each (recipes/_scope.toml)."""
-    return tomllib.loads(resources.files("symparam.recipes").joinpath("_scope.toml").read_text(encoding="utf-8"))
+def counted_wrapper(model_type: str) -> str | None:
+    """The family that counts a multimodal wrapper type's language model (recipes/_wrappers.toml), if one does."""
+    spec = wrapper_table()[1].get(model_type)
+    if spec is None or spec.reason or spec.text not in REGISTRY.by_type:
+        return None
+    return REGISTRY.headers[REGISTRY.by_type[spec.text]]["family"]
 
 
 def coverage(mapping: dict[str, str]) -> dict[str, tuple[str, str | None, str]]:
@@ -70,11 +73,11 @@ def coverage(mapping: dict[str, str]) -> dict[str, tuple[str, str | None, str]]:
     out_of_scope = scope()
     out = {}
     for model_type in sorted(mapping):
-        file = REGISTRY.by_type.get(model_type) or REGISTRY.by_wrapper.get(model_type)
-        if file in REGISTRY.headers and model_type in REGISTRY.by_type:
+        file = REGISTRY.by_type.get(model_type)
+        if file is not None:
             out[model_type] = ("exact", REGISTRY.headers[file]["family"], "recipe, tested per tensor against transformers")
-        elif file in REGISTRY.headers:
-            out[model_type] = ("wrapper", REGISTRY.headers[file]["family"], "multimodal config: its text_config language model is counted")
+        elif counted_wrapper(model_type):
+            out[model_type] = ("wrapper", counted_wrapper(model_type), "multimodal config: its language model is counted (see the second table)")
         elif model_type in out_of_scope["types"]:
             out[model_type] = ("out of scope", None, out_of_scope["types"][model_type])
         else:
@@ -82,8 +85,66 @@ def coverage(mapping: dict[str, str]) -> dict[str, tuple[str, str | None, str]]:
     return out
 
 
+@cache
+def multimodal_types() -> dict[str, tuple[str, str]] | None:
+    """transformers' config types that hold a causal-LM model in a sub-config: type -> (sub-config key, its default
+    model_type: a causal-LM type of transformers, or one a recipe reads); None where transformers is not installed."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        from transformers.utils import logging
+    except ImportError:
+        return None
+    logging.set_verbosity_error()  # default configs warn of what they leave unset; the page states what it counts
+    out = {}
+    for model_type in sorted(CONFIG_MAPPING_NAMES):
+        try:
+            specs = getattr(CONFIG_MAPPING[model_type], "sub_configs_defaults", None) or {}
+        except Exception:  # a config class that does not import here (an optional dependency): it holds no model we count
+            continue
+        inner = next(((key, spec.model_type) for key, spec in specs.items()
+                      if getattr(spec, "model_type", None) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or getattr(spec, "model_type", None) in REGISTRY.by_type), None)
+        if inner is not None:
+            out[model_type] = inner
+    return out
+
+
+def wrapper_coverage(types: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str | None, str]]:
+    """Every multimodal type that holds a causal-LM model -> (status, family, how): "exact" where its language model is
+    counted (tested per tensor against the whole model), else "not counted" with the reason."""
+    out_of_scope = scope()
+    out = {}
+    for model_type, (key, inner) in types.items():
+        spec = wrapper_table()[1].get(model_type)
+        family = counted_wrapper(model_type)
+        if family is not None:
+            out[model_type] = ("exact", family, "its language model and LM head, tested per tensor against the whole model")
+        elif model_type in out_of_scope["types"]:
+            out[model_type] = ("not counted", None, out_of_scope["reasons"][out_of_scope["types"][model_type]])
+        elif inner in out_of_scope["types"]:
+            out[model_type] = ("not counted", None, f"its {key} is {inner}: {out_of_scope['reasons'][out_of_scope['types'][inner]]}")
+        elif spec is not None and spec.reason:
+            out[model_type] = ("not counted", None, spec.reason)
+        else:
+            out[model_type] = ("missing", None, "not in recipes/_wrappers.toml yet")
+    return out
+
+
+def default_total(model_type: str) -> tuple[int | None, str]:
+    """The total symparam counts for a wrapper's library-default config, or None and why that default is refused."""
+    from transformers import AutoConfig
+
+    from symparam.errors import SymparamError
+
+    try:
+        return Model.from_resolved(resolve(AutoConfig.for_model(model_type).to_dict())).count().total, ""
+    except SymparamError as e:
+        return None, f"; its library default is refused: {e}"
+
+
 def coverage_page(mapping: dict[str, str], version: str) -> str:
-    """generated/coverage.md: every causal-LM model type of transformers with its family and status, or its reason."""
+    """generated/coverage.md: every causal-LM model type of transformers with its family and status, or its reason; then
+    every multimodal type that holds a causal-LM model, counted by its language model or with its reason."""
     rows = coverage(mapping)
     counts = {status: sum(1 for s, _, _ in rows.values() if s == status) for status in ("exact", "wrapper", "out of scope", "missing")}
     families = len({family for _, family, _ in rows.values() if family})
@@ -103,6 +164,27 @@ def coverage_page(mapping: dict[str, str], version: str) -> str:
         lines.append(f"| `{model_type}` | `{mapping[model_type]}` | {status} | {link} | {how} |")
     reasons = scope()["reasons"]
     lines += ["", "Out of scope, by reason:", ""] + [f"- **{key}**: {text}." for key, text in reasons.items()]
+    types = multimodal_types() or {}
+    wrapped = wrapper_coverage(types)
+    exact = [t for t, (status, _, _) in wrapped.items() if status == "exact"]
+    lines += [
+        "",
+        f"## Multimodal configs: transformers {version}",
+        "",
+        f"transformers {version} has {len(wrapped)} config types that keep a causal-LM model in a sub-config (a sub-config whose "
+        f"default model_type is a causal-LM type, or one a recipe reads). symparam counts the language model and LM head of "
+        f"{len(exact)} of them, read by structure (`symparam/recipes/_wrappers.toml` says what a config.json cannot: defaults, "
+        f"how the head is tied); the other {len(wrapped) - len(exact)} are not counted, each with its reason. The default total "
+        f"is symparam's count of the library-default config, the towers left out (blank where that default is refused: why is said).",
+        "",
+        "| model type | language model | status | family | default total | how |",
+        "|---|---|---|---|---:|---|",
+    ]
+    for model_type, (status, family, how) in wrapped.items():
+        key, inner = types[model_type]
+        link = f"[{family}]({family}.en.md)" if family else ""
+        total, refused = default_total(model_type) if status == "exact" else (None, "")
+        lines.append(f"| `{model_type}` | `{key}`: `{inner}` | {status} | {link} | {'' if total is None else f'{total:,}'} | {how}{refused} |")
     return "\n".join(lines) + "\n"
 
 

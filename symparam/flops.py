@@ -51,6 +51,7 @@ def training(model: Model) -> sp.Expr:
 
 def report(model: Model, seq: int | None = None) -> dict[str, Any]:
     """Forward and training FLOPs per token at context `seq` (default: the model's maximum context), with formulas."""
+    model.needs_active("FLOPs per token")
     subs = substitution(model, seq)
     seq = int(subs[S])
 

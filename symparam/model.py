@@ -25,15 +25,15 @@ class Count:
     """Exact parameter counts of one configured model."""
 
     total: int  # every parameter, tied weights once
-    active: int  # what one token uses: routed experts it does not visit left out
+    active: int | None  # what one token uses: routed experts it does not visit left out; None where the config lacks k
     components: dict[str, int]  # bucket -> total
-    active_components: dict[str, int]  # bucket -> active
+    active_components: dict[str, int | None]  # bucket -> active (None: it needs what the config does not set)
     lookup: int = 0  # active parameters in lookup tables (token and position embeddings): read by index, not multiplied
 
     @property
-    def active_without_embedding(self) -> int:
+    def active_without_embedding(self) -> int | None:
         """Active parameters less the embedding tables, as vendors often quote."""
-        return self.active - self.lookup
+        return None if self.active is None else self.active - self.lookup
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -62,7 +62,8 @@ class Model:
 
     def __init__(self, recipe: Recipe, flags: Mapping[str, bool] | None = None, values: Mapping[str, int] | None = None, name: str = "",
                  notes: tuple = (), scope: Mapping[str, Any] | None = None, source: Source | None = None,
-                 quantization: Mapping[str, Any] | None = None, dtype: str = "bfloat16", config: Mapping[str, Any] | None = None):
+                 quantization: Mapping[str, Any] | None = None, dtype: str = "bfloat16", config: Mapping[str, Any] | None = None,
+                 unknown: Mapping[str, str] | None = None):
         self.recipe = recipe
         self.flags = {**recipe.default_switches(), **(flags or {})}
         self.values = dict(values) if values is not None else None
@@ -73,10 +74,16 @@ class Model:
         self.quantization = dict(quantization) if quantization is not None else None  # quantization_config as written (memory/storage.py reads it)
         self.dtype = dtype  # torch dtype name of the checkpoint's unquantized tensors ("bfloat16")
         self.config = dict(config if config is not None else recipe.defaults)  # config.json with the family's defaults: what forwards read
+        self.unknown = dict(unknown or {})  # symbols only `active` needs that the config does not set (k) -> their config keys
 
     @classmethod
     def from_resolved(cls, r: Resolved) -> Model:
-        return cls(r.recipe, r.flags, r.values, r.name, r.notes, r.scope, r.source, r.quantization, r.dtype, r.config)
+        return cls(r.recipe, r.flags, r.values, r.name, r.notes, r.scope, r.source, r.quantization, r.dtype, r.config, r.unknown)
+
+    def needs_active(self, what: str) -> None:
+        """Refuse a figure of one token (FLOPs, the routed tokens' shapes) where the config does not set k."""
+        for symbol, keys in self.unknown.items():
+            raise SymparamError(f"{keys}: missing ({self.recipe.symbols[symbol].meaning}); {what} needs it: set it in the config or with --set {symbol}=...")
 
     @cached_property
     def tree(self) -> Term:
@@ -121,14 +128,15 @@ class Model:
         return [make(name) for name in self.recipe.symbols if make(name) in free]
 
     def substitution(self, values: Mapping[Any, int] | None = None) -> dict[sp.Symbol, int]:
-        """Values for every symbol of the model, from `values` or the model's own config."""
+        """Values for every symbol of the model, from `values` or the model's own config (k may be missing: it sizes nothing)."""
         given = self.values if values is None else {str(key): v for key, v in values.items()}
         if given is None:
             raise SymparamError(f"{self.name}: no values to substitute; pass a mapping such as {{'d': 4096, ...}}")
-        missing = [str(s) for s in self.symbols if str(s) not in given]
+        held = tree_symbols(self.tree, active=False)  # a symbol only one token's share reads (k) may be missing: active is then None
+        missing = [str(s) for s in self.symbols if str(s) not in given and s in held]
         if missing:
             raise SymparamError(f"{self.name}: no value for {', '.join(missing)}")
-        return as_subs({str(s): given[str(s)] for s in self.symbols})
+        return as_subs({str(s): given[str(s)] for s in self.symbols if str(s) in given})
 
     def count(self, values: Mapping[Any, int] | None = None) -> Count:
         """Exact integer counts: the expressions with the values substituted."""
@@ -137,15 +145,19 @@ class Model:
         def exact(expr: sp.Expr) -> int:
             return evaluate(expr, subs, f"{self.name}: {expr}")
 
+        def known(expr: sp.Expr) -> int | None:  # a figure of one token: None where it needs k the config does not set
+            return None if expr.free_symbols - set(subs) else exact(expr)
+
+        lookups = sum((copies * leaf.each for leaf, copies, _, _ in leaves(self.tree, active=True) if leaf.lookup), sp.Integer(0))
         count = Count(
             total=exact(self.total),
-            active=exact(self.active),
+            active=known(self.active),
             components={c: exact(e) for c, e in self.components.items()},
-            active_components={c: exact(e) for c, e in self.active_components.items()},
-            lookup=exact(sum((copies * leaf.each for leaf, copies, _, _ in leaves(self.tree, active=True) if leaf.lookup), sp.Integer(0))),
+            active_components={c: known(e) for c, e in self.active_components.items()},
+            lookup=known(lookups) or 0,
         )
         figures = {"total": count.total, "active": count.active, **count.components, **{f"active {c}": n for c, n in count.active_components.items()}}
-        below = next(((label, n) for label, n in figures.items() if n < 0), None)
+        below = next(((label, n) for label, n in figures.items() if n is not None and n < 0), None)
         if below is not None:  # values no config gives (a layer count above N, set directly): no figure is ever negative
             used = ", ".join(f"{s}={v}" for s, v in subs.items())
             raise SymparamError(f"{self.name}: {below[0]} is {below[1]:,} at {used}; the values contradict each other (a layer count above N?)")

@@ -41,7 +41,7 @@ def bars(models: list[Model]) -> list[tuple[str, dict[str, int]]]:
     out = []
     for m in models:
         c: Count = m.count()
-        if c.active != c.total:
+        if c.active not in (None, c.total):  # total and active side by side (a config without k: its total alone)
             out += [(f"{m.name}\ntotal", c.components), (f"{m.name}\nactive", c.active_components)]
         else:
             out.append((m.name, c.components))
@@ -91,7 +91,7 @@ def family_figure(models: list[Model], title: str):
 
 def _moe(model: Model) -> bool:
     c = model.count()
-    return c.active != c.total
+    return c.active not in (None, c.total)
 
 
 def _bar_row(absolute, percent, rows: list[tuple[str, dict[str, int]]], used: list[str], colour: dict[str, str], kind: str) -> None:
@@ -123,7 +123,7 @@ def _bar_row(absolute, percent, rows: list[tuple[str, dict[str, int]]], used: li
 def model_figure(model: Model):
     """One model: a horizontal bar per component with its count and share; MoE models show total and active."""
     c = model.count()
-    moe = c.active != c.total
+    moe = c.active not in (None, c.total)
     used = [k for k, n in c.components.items() if n]
     colour = colours(used)
     fig = _figure(10, 0.42 * len(used) * (2 if moe else 1) + 1.6)
@@ -144,6 +144,8 @@ def model_figure(model: Model):
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     heading = f"{model.name}: {human(c.total)} parameters" + (f", {human(c.active)} active per token" if moe else "")
+    if c.active is None:
+        heading += f"\n(active per token unknown: the config does not set {', '.join(model.unknown.values())})"
     if model.flags.get("tied"):
         heading += "\n(LM head tied to the input embedding: stored once)"
     ax.set_title(heading)

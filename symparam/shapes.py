@@ -66,6 +66,7 @@ def report(model: Model, seq: int) -> list[dict[str, Any]]:
     """The trace with numbers: each step's name, shape, symbolic shape, layer count and note."""
     if type(seq) is not int or seq < 1:
         raise SymparamError(f"--seq: expected a positive integer, got {seq!r}")
+    model.needs_active("the shapes of the tokens each expert receives")
     values = {**model.substitution(), **as_subs(model.values or {}), S: sp.Integer(seq)}
 
     def number(x: sp.Expr) -> int:

@@ -467,9 +467,10 @@ def _derive(name: str, formula: sp.Expr, columns: Mapping[str, np.ndarray], size
     return top // bottom
 
 
-def _needed(model: Model) -> set[str]:
-    """The symbols config.resolve gives a value and checks for this model (as resolve's `needed`)."""
-    needed = {str(s) for s in model.tree.expr.free_symbols | model.tree.active.free_symbols}
+def _needed(model: Model, unknown: Mapping[str, str], columns: Mapping[str, Any]) -> set[str]:
+    """The symbols config.resolve gives a value and checks for this model (as resolve's `needed`): what only `active`
+    needs and the config does not set (k) is left out unless a column gives it."""
+    needed = {str(s) for s in model.tree.expr.free_symbols | model.tree.active.free_symbols} - (set(unknown) - set(columns))
     return needed | {name for rule in model.recipe.checks for name in compile_rule(rule, "check").reads if name in model.recipe.symbols and name in (model.values or {})}
 
 
@@ -517,12 +518,18 @@ def check(model: Model, values: Mapping[str, np.ndarray], used: set[str]) -> Non
                    + ", ".join(f"{s}={values[str(s)][i]}" for s in sorted(dim.free_symbols, key=str)))
 
 
-def _counts(model: Model, values: Mapping[str, np.ndarray], on_overflow: str) -> dict[str, np.ndarray]:
-    """Total and active per row; a row whose values contradict each other into a negative count is an error (checked
-    rows never do: this is the last guard, as in Model.count)."""
+def _counts(model: Model, values: Mapping[str, np.ndarray], on_overflow: str) -> dict[str, np.ndarray | None]:
+    """Total and active per row; active is None where it needs a symbol no row gives (k of a config without it). A row
+    whose values contradict each other into a negative count is an error (checked rows never do: the last guard, as in
+    Model.count)."""
     total = evaluate(compile_count(model.total), values, on_overflow)
-    active = total if model.active == model.total else evaluate(compile_count(model.active), values, on_overflow)
+    if {str(s) for s in model.active.free_symbols} - set(values):
+        active = None
+    else:
+        active = total if model.active == model.total else evaluate(compile_count(model.active), values, on_overflow)
     for name, column in (("total", total), ("active", active)):
+        if column is None:
+            continue
         below = np.asarray(column < 0, dtype=bool)
         if below.any():
             row = int(np.argmax(below))
@@ -537,8 +544,8 @@ def sweep(model: Model, columns: Mapping[str, Any], formulas: Mapping[str, sp.Ex
     (h_d = d/h, ...) follow their inputs. What the config's layout rules set (N_dense, N_swa) stays as the model has it:
     for exactly what `symparam count` gives with each row set, use `sweep_config`.
     """
-    needed = _needed(model)
-    values = fill(model, columns, formulas, names=needed | {str(s) for s in model.symbols})
+    needed = _needed(model, model.unknown, columns)
+    values = fill(model, columns, formulas, names=needed | {str(s) for s in model.symbols} - (set(model.unknown) - set(columns)))
     check(model, values, needed | set(columns))
     return _counts(model, values, on_overflow)
 
@@ -564,8 +571,8 @@ def sweep_config(recipe: Recipe, config: Mapping[str, Any], columns: Mapping[str
         column = [r.values[name] for r in resolved]
         given[name] = column[0] if len(set(column)) == 1 else np.array(column, dtype=object if max(map(abs, column)) > INT64_MAX else np.int64)[inverse]
     formulas = {k: f for k, f in derived(recipe, config, {**sets, **cols}).items() if k in base.values}
-    needed = _needed(model)
-    values = fill(model, cols, formulas, given, needed | {str(s) for s in model.symbols})
+    needed = _needed(model, base.unknown, cols)
+    values = fill(model, cols, formulas, given, needed | {str(s) for s in model.symbols} - (set(base.unknown) - set(cols)))
     check(model, values, needed | set(sets) | set(cols))
     return _counts(model, values, on_overflow)
 
@@ -687,6 +694,7 @@ def read_csv(path: str) -> dict[str, np.ndarray]:
 
 def csv_text(columns: Mapping[str, Any], results: Mapping[str, np.ndarray]) -> str:
     """Columns and results as CSV text, header first."""
+    results = {n: r for n, r in results.items() if r is not None}  # active, where the config does not set k: no column
     names = list(columns) + list(results)
     arrays = [np.asarray(columns[n]) for n in columns] + [results[n] for n in results]
     size = max(len(a) for a in arrays)

@@ -14,9 +14,7 @@ A family may add hints in tests/families/<family>.toml, each optional:
     [assume]    "rule" = "why"       # random configs must satisfy these rules over the config (relations transformers does not check)
     [symbolic]  idle = "formula"     # parameters no token ever uses (what active leaves out even when k = n)
     [oracle]    routed = "regex"     # which tensors are routed experts (default \.experts\.); experts / per_token: n and k keys
-    [wrappers.<type>] key = value    # merged over a multimodal wrapper's library default (dotted keys: "text_config.x")
-    [text_oracle] <wrapper> = "why"  # the wrapper does not build here (its vision tower needs a library the tests lack):
-                                     # compare with the language model transformers builds from its text_config
+Multimodal wrappers have their hints in tests/wrappers.toml.
 """
 
 from __future__ import annotations

@@ -75,40 +75,82 @@ def hf_config(config: dict[str, Any]):
 
 
 MODEL_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText")  # a text model's classes, the first that builds
-WRAPPER_CLASSES = MODEL_CLASSES[::-1]  # a multimodal config: the whole model first (it ties its head by the wrapper's flag)
-LANGUAGE_MODEL = re.compile(r"^(model\.language_model\.|language_model\.model\.|language_model\.(?=lm_head\.))")  # a wrapper's language model
+LANGUAGE_MODEL = re.compile(r"^(model\.language_model\.|language_model\.model\.|language_model\.(?=lm_head\.))")  # a wrapper's language model, by name (tests/quantized.py)
+LANGUAGE_KEYS = ("text_config", "llm_config", "language_config")  # where wrappers keep their language model (legacy names too)
+WHOLE = ("MULTIMODAL_LM", "IMAGE_TEXT_TO_TEXT", "SEQ_TO_SEQ_CAUSAL_LM", "SPEECH_SEQ_2_SEQ", "CAUSAL_LM", "TEXT_TO_WAVEFORM")  # a wrapper's model: the first mapping that has it
 
 
-def hf_model(config: dict[str, Any], device: str = "meta", whole: bool | None = None) -> nn.Module:
-    """The transformers model of `config` (a config.json dict with model_type), on the meta device by default: its
-    causal LM, or for a multimodal config (whole, by default where it has a text_config) the whole model first."""
+def whole_class(model_type: str):
+    """The class transformers builds a multimodal config as: the whole model with its LM head (image-text, audio, ...)."""
     import transformers
+    from transformers.models.auto import modeling_auto
+
+    name = next(m[model_type] for m in (getattr(modeling_auto, f"MODEL_FOR_{w}_MAPPING_NAMES") for w in WHOLE) if model_type in m)
+    return getattr(transformers, name if isinstance(name, str) else name[0])
+
+
+def hf_model(config: dict[str, Any], device: str = "meta", whole: bool | None = None, towers: dict[str, dict[str, Any]] | None = None) -> nn.Module:
+    """The transformers model of `config` (a config.json dict with model_type), on the meta device by default: its
+    causal LM, or for a multimodal config (whole, by default where it keeps a language model under LANGUAGE_KEYS) the whole
+    model, towers and all; `towers` swaps sub-configs (attribute -> config dict) for towers that build here."""
+    import transformers
+    from transformers import AutoConfig
 
     cfg = hf_config(config)
-    classes = WRAPPER_CLASSES if ("text_config" in config if whole is None else whole) else MODEL_CLASSES
-    for cls in classes:
+    for attribute, spec in (towers or {}).items():
+        tower = AutoConfig.for_model(spec["model_type"], **{k: v for k, v in spec.items() if k != "model_type"})
+        object.__setattr__(cfg, attribute, tower)  # past the field's type check: a tower of another class, on purpose
+    if any(key in config for key in LANGUAGE_KEYS) if whole is None else whole:
+        with torch.device(device):
+            return whole_class(config["model_type"])(cfg)
+    for cls in MODEL_CLASSES:
         try:
             with torch.device(device):
                 return getattr(transformers, cls).from_config(cfg)
-        except Exception as e:  # not this auto class's config, or a whole model that needs more (Emu3's vocabulary map)
-            if cls == classes[-1] or not (isinstance(e, ValueError) and "Unrecognized configuration class" in str(e) or classes is WRAPPER_CLASSES):
+        except ValueError as e:  # not this auto class's config
+            if cls == MODEL_CLASSES[-1] or "Unrecognized configuration class" not in str(e):
                 raise
     raise AssertionError("unreachable")
 
 
 @functools.cache
-def meta_model(config_json: str, whole: bool | None = None) -> nn.Module:
+def meta_model(config_json: str, whole: bool | None = None, towers_json: str = "{}") -> nn.Module:
     """One meta build per config (as sorted JSON), shared by every test that needs it."""
-    return hf_model(json.loads(config_json), whole=whole)
+    return hf_model(json.loads(config_json), whole=whole, towers=json.loads(towers_json))
 
 
-def language_tensors(found: dict[str, int]) -> dict[str, int]:
-    """The language model's tensors of a multimodal wrapper, named as the text model names them (vision and audio
-    towers and their projectors left out); a text model's tensors as they are."""
-    if not any(LANGUAGE_MODEL.match(name) for name in found):
-        return found
-    rename = lambda name: "" if name.startswith("language_model.lm_head.") else "model."  # noqa: E731
-    return {LANGUAGE_MODEL.sub(rename(name), name): n for name, n in found.items() if LANGUAGE_MODEL.match(name) or name.startswith("lm_head.")}
+def language_model(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """A multimodal model's language model, found by structure: the outermost module built from its text config (a base
+    model beside the wrapper's head, or a whole causal LM); None for a text model."""
+    from transformers import PreTrainedModel
+
+    text = getattr(model.config, "text_config", None)
+    if text is None:
+        return None
+    found = [(name, m) for name, m in model.named_modules() if name and isinstance(m, PreTrainedModel) and getattr(m, "config", None) is text]
+    return min(found, key=lambda item: item[0].count(".")) if found else None
+
+
+def language_tensors(model: nn.Module) -> dict[str, int]:
+    """The parameters of a model's language model and LM head, named as the text model names them (towers and their
+    projectors left out; a tied head once, under the embedding's name); a text model's as they are."""
+    inner = language_model(model)
+    if inner is None:
+        return tensors(model)
+    path, lm = inner
+    own_head = lm.get_output_embeddings() is not None  # a whole causal LM: its names are the text model's already
+    head = model.get_output_embeddings()
+    mine, heads = {id(p) for p in lm.parameters()}, {id(p) for p in head.parameters()} if head is not None else set()
+    out: dict[str, int] = {}
+    for name, p in model.named_parameters():  # a tied tensor once, by the name it has first
+        if id(p) in mine:
+            name = ("" if own_head else "model.") + name.removeprefix(f"{path}.")
+        elif id(p) in heads:
+            name = "lm_head." + name.rsplit(".", 1)[1]
+        else:
+            continue
+        out[normal(name)] = out.get(normal(name), 0) + p.numel()
+    return out
 
 
 def routing(cfg: Any, experts_key: str | None = None, per_token_key: str | None = None) -> tuple[int, int | None]:
@@ -128,14 +170,21 @@ def routing(cfg: Any, experts_key: str | None = None, per_token_key: str | None 
     return read((experts_key,) if experts_key else EXPERT_COUNT_KEYS) or 0, read((per_token_key,) if per_token_key else PER_TOKEN_KEYS)
 
 
-def hf_oracle(config: dict[str, Any], routed: str = ROUTED, experts: str | None = None, per_token: str | None = None) -> Oracle:
+def hf_oracle(config: dict[str, Any], routed: str = ROUTED, experts: str | None = None, per_token: str | None = None,
+              towers: dict[str, dict[str, Any]] | None = None, whole: bool | None = None) -> Oracle:
     """The oracle for a transformers family: the model built from `config`, per tensor, with its routing (a family's
-    tests/families hints may name its routed tensors and its n and k keys: [oracle] routed, experts, per_token)."""
-    model = meta_model(json.dumps(config, sort_keys=True))
-    found = language_tensors(tensors(model))
+    tests/families hints may name its routed tensors and its n and k keys: [oracle] routed, experts, per_token; a
+    wrapper's tests/wrappers.toml its towers; `whole` as hf_model takes it)."""
+    model = meta_model(json.dumps(config, sort_keys=True), whole, json.dumps(towers or {}, sort_keys=True))
+    found = language_tensors(model)
     n, k = routing(model.config, experts, per_token) if any(re.search(routed, f".{name}") for name in found) else (0, None)
     stacks = {normal(name): p.shape[0] for name, p in model.named_parameters() if p.ndim == 3 and re.search(routed, f".{name}")}
-    return Oracle(found, n, k, routed, language_tensors(stacks))
+    inner = language_model(model)
+    if inner is not None:  # the stacks by their names in the language model
+        prefix = f"{inner[0]}."
+        own = inner[1].get_output_embeddings() is not None
+        stacks = {("" if own else "model.") + name.removeprefix(prefix): e for name, e in stacks.items() if name.startswith(prefix)}
+    return Oracle(found, n, k, routed, stacks)
 
 
 class Classic(nn.Module):
@@ -246,3 +295,76 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
             name = name.rpartition(".")[0]
         out[name] = out.get(name, 0) + nbytes
     return out
+
+
+def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf16", batch: int = 1, seq: int = 2048,
+              checkpointing: bool = False, fake: bool = True) -> tuple[int, str]:
+    """The most live tensor bytes at any moment of the second training step of a transformers model (forward with the
+    loss, backward, optimizer.step(), zero_grad(set_to_none=True), the outputs dropped), measured by a dispatch mode that
+    follows every storage until it is freed; under FakeTensorMode (full size without memory) or for real. The model's
+    non-persistent buffers are left out (symparam leaves them out); with it, the phase and operation of the peak."""
+    import contextlib
+    import weakref
+
+    import transformers
+    import transformers.masking_utils as masking
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Live(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.live = self.peak = 0
+            self.where, self.phase, self.refs = "", "", {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    s = t.untyped_storage()
+                    if id(s) not in self.refs:
+                        n = s.nbytes()
+                        self.live += n
+                        self.refs[id(s)] = weakref.ref(s, lambda _, key=id(s), n=n: self.free(key, n))
+                        if self.live > self.peak:
+                            self.peak, self.where = self.live, f"{self.phase}: {func}"
+            return out
+
+        def free(self, key: int, n: int) -> None:
+            self.live -= n
+            self.refs.pop(key, None)
+
+    make = {
+        "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4, foreach=True),
+        "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, foreach=True),
+        "adafactor": lambda p: torch.optim.Adafactor(p, lr=1e-3, foreach=False),
+    }[optimizer]
+    cfg = hf_config(config)
+    packed = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None  # a batch without packing: what the real run finds,
+    live = Live()                                                     # which fake tensors cannot evaluate
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(), live:
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+            if checkpointing:
+                model.gradient_checkpointing_enable()
+            buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
+            opt = make(list(model.parameters()))
+            ids = torch.randint(0, cfg.get_text_config().vocab_size, (batch, seq))
+            labels = ids.clone()
+            for step in range(2):
+                if step == 1:
+                    live.peak = live.live
+                live.phase = f"forward {step + 1}"
+                out = model(input_ids=ids, labels=labels)
+                live.phase = f"backward {step + 1}"
+                out.loss.backward()
+                live.phase = f"optimizer step {step + 1}"
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del out
+    finally:
+        masking.find_packed_sequence_indices = packed
+    return live.peak - buffers, live.where

@@ -106,20 +106,62 @@ def test_error_is_one_line_exit_2_without_traceback():
     assert "no-such-model" in proc.stderr
 
 
-WRAPPING_RECIPE = 'family = "wrapped_llama"\nmodel_types = ["wrapped_llama_text"]\nextends = "llama"\n[wrappers]\nmy_vlm = { config = "text_config" }\n'
+LLAMA_2_7B = json.loads((Path(symparam.__file__).parent / "presets" / "llama-2-7b.json").read_text())
 
 
 def test_a_wrapper_counts_its_language_model_and_says_so(capsys, tmp_path):
-    recipe, config = tmp_path / "r.toml", tmp_path / "config.json"
-    recipe.write_text(WRAPPING_RECIPE)
-    llama = json.loads((Path(symparam.__file__).parent / "presets" / "llama-2-7b.json").read_text())
-    config.write_text(json.dumps({"model_type": "my_vlm", "vision_config": {"hidden_size": 1024}, "text_config": llama | {"model_type": "wrapped_llama_text"}}))
-    code, out, _ = run(capsys, "count", "--recipe", str(recipe), "--config", str(config), "--json")
+    """A multimodal config of a type no table knows: read by structure, its text_config as the language model."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "my_vlm", "vision_config": {"hidden_size": 1024}, "text_config": LLAMA_2_7B}))
+    code, out, _ = run(capsys, "count", "--config", str(config), "--json")
     data = json.loads(out)
     assert code == 0 and data["total"] == 6_738_415_616  # Llama-2-7B's published figure: the vision config adds nothing
-    assert (data["scope"], data["wrapper"]) == ("language model", "my_vlm") and "not counted" in data["notes"][0]
-    code, out, _ = run(capsys, "count", "--recipe", str(recipe), "--config", str(config))
+    assert (data["family"], data["scope"], data["wrapper"]) == ("llama", "language model", "my_vlm") and "not counted" in data["notes"][0]
+    code, out, _ = run(capsys, "count", "--config", str(config))
     assert code == 0 and out.splitlines()[1].startswith("This is the language model of a my_vlm config (text_config)")
+
+
+def test_a_wrapper_of_no_tie_flag_of_its_own_never_ties_its_head(capsys, tmp_path):
+    """The general rule for a wrapper no table knows: its own tie_word_embeddings ties its head; text_config's does not."""
+    config = tmp_path / "config.json"
+    text = LLAMA_2_7B | {"tie_word_embeddings": True}
+    embedding = 32000 * 4096  # Llama-2-7B: V d
+    for own, tied in ((None, False), (True, True), (False, False)):
+        config.write_text(json.dumps({"model_type": "my_vlm", "text_config": text} | ({} if own is None else {"tie_word_embeddings": own})))
+        code, out, _ = run(capsys, "count", "--config", str(config), "--json")
+        assert code == 0 and json.loads(out)["total"] == 6_738_415_616 - (embedding if tied else 0), own
+
+
+def test_an_unknown_type_names_the_nearest_families_and_how_to_count_it_anyway(capsys, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_2_7B | {"model_type": "my_llama", "architectures": ["MyLlamaForCausalLM"]}))
+    code, out, err = run(capsys, "count", "--config", str(config))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("symparam: error: model_type: unsupported 'my_llama'; nearest families by architectures and keys: llama, ")
+    assert "--as FAMILY" in err and "--recipe FILE" in err
+    code, out, _ = run(capsys, "count", "--config", str(config), "--as", "llama", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["total"] == 6_738_415_616 and data["read_as"] == "llama"
+    assert data["notes"] == ["Read as llama (--as): the config says model_type my_llama."]
+
+
+@pytest.mark.parametrize("argv", [["count"], ["derive", "--markdown"], ["memory"], ["flops"], ["shapes", "--seq", "4"], ["sensitivity"],
+                                  ["solve", "--target", "7e9", "--for", "N"], ["sweep", "--grid", "N=2,4"], ["plot", "-o", "PLOT"],
+                                  ["verify", "--checkpoint", "CHECKPOINT"]])
+def test_as_reads_a_config_as_a_family_in_every_command(capsys, tmp_path, argv):
+    """--as on every command that reads a model: the config of an unknown type is counted as the family, and says so."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_2_7B | {"model_type": "my_llama", "architectures": ["MyLlamaForCausalLM"]}))
+    argv = [str(tmp_path / "p.png") if a == "PLOT" else str(tmp_path / "missing.safetensors") if a == "CHECKPOINT" else a for a in argv]
+    code, out, err = run(capsys, *argv, "--config", str(config), "--as", "llama")
+    if argv[0] == "verify":  # no checkpoint: the config was read as llama before the file was looked for
+        assert code == 2 and "missing.safetensors" in err
+        return
+    assert code == 0, err
+    if argv[0] in ("count", "derive"):  # the commands that show how a config was read
+        assert "Read as llama (--as): the config says model" in out
+    code, _, err = run(capsys, *argv, "--config", str(config))
+    assert code == 2 and "unsupported 'my_llama'" in err
 
 
 def test_an_unknown_model_type_with_a_known_class_reads_as_its_family(capsys, tmp_path):
@@ -168,3 +210,33 @@ def test_hub_options_refuse_bad_input_offline(capsys, monkeypatch, tmp_path, arg
         monkeypatch.delenv(key, raising=False)
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == "" and err.count("\n") == 1 and says in err
+
+
+def test_a_config_without_k_counts_its_total_and_says_active_is_unknown(capsys, tmp_path):
+    """DeepSeek-V3's published config without num_experts_per_tok: every command that needs only the total works; active
+    is JSON null with a note, and what needs one token's share says which field is missing."""
+    deepseek = json.loads((Path(symparam.__file__).parent / "presets" / "deepseek-v3.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in deepseek.items() if k != "num_experts_per_tok"}))
+    code, out, _ = run(capsys, "count", "--config", str(path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["total"] == 671_026_404_352 and data["active"] is None and data["active_without_embedding"] is None  # DESIGN.md's figure
+    assert data["notes"] == ["Active (one token): unknown, the config does not set num_experts_per_tok (k); the total does not need it."]
+    assert data["active_components"]["routed experts"] is None
+    code, out, _ = run(capsys, "count", "--config", str(path))
+    assert code == 0 and "active                         unknown (without num_experts_per_tok)" in out.splitlines()
+    code, out, _ = run(capsys, "derive", "--config", str(path), "--markdown")
+    assert code == 0 and "| $k$ | experts per token | not set |" in out and "671{,}026{,}404{,}352" in out
+    code, out, _ = run(capsys, "sweep", "--config", str(path), "--grid", "N=61,62")
+    assert code == 0 and out.splitlines()[:2] == ["N,total", "61,671026404352"]
+    code, out, _ = run(capsys, "plot", "--config", str(path), "-o", str(tmp_path / "p.png"), "--json")
+    assert code == 0 and (tmp_path / "p.png").stat().st_size > 0
+    code, out, _ = run(capsys, "memory", "--config", str(path), "--json")
+    assert code == 0 and json.loads(out)
+    code, out, _ = run(capsys, "solve", "--config", str(path), "--target", "600e9", "--for", "N")
+    assert code == 0 and "<- closest" in out
+    code, out, _ = run(capsys, "sensitivity", "--config", str(path), "--for", "N", "--json")
+    assert code == 0 and json.loads(out)[0]["symbol"] == "N"
+    for argv in (["flops"], ["shapes", "--seq", "4"]):
+        code, out, err = run(capsys, *argv, "--config", str(path))
+        assert code == 2 and out == "" and err.startswith("symparam: error: num_experts_per_tok: missing (experts per token)") and err.count("\n") == 1

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from symparam.cli import main
-from symparam.docs import causal_lm_types, coverage, scope
-from symparam.recipes import REGISTRY
+from symparam.docs import causal_lm_types, coverage, multimodal_types, wrapper_coverage
+from symparam.recipes import REGISTRY, scope, wrapper_table
 
 from families import hints, model_type
 from test_exact import assert_same
@@ -29,6 +29,40 @@ def test_reasons_are_known_and_name_real_types():
     assert set(data["types"].values()) <= set(data["reasons"])
     assert set(data["types"]) <= set(MAPPING), "a reason for a type transformers does not map"
     assert not set(data["types"]) & set(REGISTRY.by_type), "a type both out of scope and read by a recipe"
+    assert not {t for t, w in wrapper_table()[1].items() if not w.reason} & set(data["types"]), "a wrapper both counted and out of scope"
+
+
+MULTIMODAL = multimodal_types()
+
+
+def test_every_multimodal_type_holding_a_causal_lm_is_counted_or_has_a_reason():
+    """Every config type of transformers that keeps a causal-LM model in a sub-config: its language model is counted
+    (each such type is in tests/test_exact.py's WRAPPERS, against the whole model), or it has a stated reason."""
+    rows = wrapper_coverage(MULTIMODAL)
+    assert [t for t, (status, _, _) in rows.items() if status == "missing"] == []
+    counted = {t for t, (status, _, _) in rows.items() if status == "exact"}
+    assert counted == {t for t, w in wrapper_table()[1].items() if not w.reason}, "_wrappers.toml lists a type transformers does not have as a wrapper"
+    assert set(wrapper_table()[1]) <= set(MULTIMODAL)
+
+
+def test_what_wrappers_toml_says_is_what_transformers_configuration_classes_say():
+    """Where a config.json is silent, the wrapper's configuration class decides: its sub-config's default model_type,
+    its own defaults, the defaults it merges under text_config and the keys it reads flat (Fuyu's, from its init_kwargs)."""
+    import dataclasses
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    for model_type, spec in wrapper_table()[1].items():
+        cls = CONFIG_MAPPING[model_type]
+        key, inner = MULTIMODAL[model_type]
+        assert spec.text == inner, model_type
+        fields = {f.name: f.default for f in dataclasses.fields(cls)}
+        assert {k: fields.get(k) for k in spec.defaults} == spec.defaults, model_type
+        init = cls.sub_configs_defaults[key].init_kwargs
+        if spec.text_defaults:
+            assert spec.text_defaults == init, model_type
+        if isinstance(spec.flat, tuple):
+            assert set(spec.flat) == set(init) | {"rope_scaling", "rope_theta"}, model_type
 
 
 ALIASES = sorted((t, REGISTRY.headers[f]["family"]) for t, f in REGISTRY.by_type.items()

@@ -17,7 +17,7 @@ import sympy as sp
 from symparam.errors import SymparamError
 
 ONE = sp.Integer(1)
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "fp8": 1}
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "uint8": 1, "fp8": 1}
 FLOATS = ("fp16", "bf16", "fp32")
 _ids = _counter()
 
@@ -81,6 +81,8 @@ class Context:
     saved: list[tuple[Storage, str]]  # (storage, module that saved it), in order
     steps: list[Step]  # every operation's outputs, in order (the shape walk)
     act: str  # the dtype activations run in ("bf16", "fp32")
+    ops: list[Op] = field(default_factory=list)  # every operation with its inputs and outputs, in order
+    held: list[Storage] = field(default_factory=list)  # what the caller holds after the forward (logits, a KV cache)
     values: dict = field(default_factory=dict)  # the model's sizes (and S, B): sizes equal there may broadcast
     assumed: list = field(default_factory=list)  # equalities of sizes the trace relied on (h = h_kv)
 
@@ -109,6 +111,23 @@ class Context:
         for v in values:
             if v is not None and not v.param:
                 self.saved.append((v.storage, self.module))
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation as it ran: name, module, its tensor inputs and outputs, and which of the saves it made."""
+
+    name: str
+    module: str
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    saves: range  # indices into Context.saved
+
+    @property
+    def allocates(self) -> bool:
+        """Whether it made a new tensor (not a view of an input)."""
+        ins = {v.storage.ident for v in self.inputs}
+        return any(v.storage.ident not in ins for v in self.outputs)
 
 
 @dataclass(frozen=True)
@@ -483,4 +502,4 @@ def pad(ctx: Context, x: Value, left: sp.Expr, right: sp.Expr) -> Value:
     return ctx.new(x.shape[:-1] + (x.shape[-1] + left + right,), x.dtype, "pad", x.grad)
 
 
-__all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]
+__all__ = ["BYTES", "Storage", "Value", "Context", "Op", "Step", "dense", "promote", "broadcast"]

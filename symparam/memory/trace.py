@@ -21,7 +21,7 @@ from symparam.components import ONE, Term
 from symparam.config import as_subs
 from symparam.errors import SymparamError
 from symparam.memory import ops
-from symparam.memory.ops import Context, Step, Storage, Value
+from symparam.memory.ops import Context, Op, Step, Storage, Value
 from symparam.programs import Program, compile_program
 from symparam.symbols import B, S, make
 
@@ -47,6 +47,20 @@ class Trace:
     layers: list[LayerCall] = field(default_factory=list)  # each run of a decoder-layer stack (checkpointing reads it)
     assumed: list[sp.Basic] = field(default_factory=list)  # conditions on sizes the branches took (S > W, h > h_kv)
     kernels: dict[str, str] = field(default_factory=dict)  # module -> the GPU kernel its CPU reference path stands in for
+    ops: list[Op] = field(default_factory=list)  # every operation, its inputs and outputs
+    held: list[Storage] = field(default_factory=list)  # what the caller holds after the forward: logits, the KV cache
+
+    @property
+    def loss_saves(self) -> list[Storage]:
+        """What the last operation (the loss) saved: freed when its backward runs, first."""
+        return [self.saved[i][0] for i in self.ops[-1].saves] if self.ops else []
+
+    @property
+    def loss_gradients(self) -> list[sp.Expr]:
+        """Bytes of the gradients the backward of the last two allocating operations (the loss and the log-softmax before
+        it) makes for their inputs: both live at once, with the log-softmax's saved result."""
+        last = [op for op in self.ops if op.allocates][-2:]
+        return [v.storage.copies * v.numel * ops.BYTES[v.dtype] for op in last for v in op.inputs[:1] if v.grad]
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,7 @@ class LayerCall:
     layers: sp.Expr
     inputs: Storage
     saves: range
+    arguments: tuple[Storage, ...] = ()  # tensors every layer receives as keyword arguments (rotary tables, masks, positions)
 
 
 @dataclass(frozen=True)
@@ -101,7 +116,7 @@ class Interpreter:
         self.values = {**known, **{k: sp.Integer(v) for k, v in (context or {}).items()}}
         self.assumed: list[sp.Basic] = []  # conditions on sizes a branch took: where the figure's formula holds
         self.config = dict(getattr(model, "config", {}) or {})
-        self.ctx = Context("", ONE, [], [], mode.act, self.values, self.assumed)
+        self.ctx = Context("", ONE, [], [], mode.act, values=self.values, assumed=self.assumed)
         self.layers: list[LayerCall] = []
         self.kernels: dict[str, str] = {}
         self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
@@ -113,10 +128,12 @@ class Interpreter:
         root = self.model.tree
         ids = self.input("token ids")
         labels = self.input("labels")
-        self.call_module(Module(root, root.key, ONE), [ids, labels], {})
+        loss = self.call_module(Module(root, root.key, ONE), [ids, labels], {})
+        if isinstance(loss, Value):
+            self.ctx.held.append(loss.storage)
         kept = {s.ident for s, _ in self.ctx.saved}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
-        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels)
+        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held)
 
     def input(self, what: str) -> Value:
         storage = Storage(B * S, "int64", INPUTS, what)
@@ -175,11 +192,13 @@ class Interpreter:
         outer_slots, outer_kinds = self.slots, self.kinds
         self.slots, self.kinds = slots, members
         start = len(self.ctx.saved)
+        used = kwargs if program.kwargs else {k: v for k, v in kwargs.items() if k in program.params}  # a layer ignores what it does not read
         try:
-            out = self.execute(program, module.path, layers, [inner, *args[1:]], kwargs, dict(term.code.env), {}, "", term.code.entries)
+            out = self.execute(program, module.path, layers, [inner, *args[1:]], used, dict(term.code.env), {}, "", term.code.entries)
         finally:
             self.slots, self.kinds = outer_slots, outer_kinds
-        self.layers.append(LayerCall(module.path, layers, inputs, range(start, len(self.ctx.saved))))
+        arguments = tuple(v.storage for v in tree_values(kwargs))
+        self.layers.append(LayerCall(module.path, layers, inputs, range(start, len(self.ctx.saved)), arguments))
         if not isinstance(out, Value):
             raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor")
         last = Storage(out.storage.numel, out.dtype, module.path, "last layer output")
@@ -502,16 +521,30 @@ class Frame:
 
     def op(self, name: str, args: list[Any], kwargs: dict[str, Any], node: ast.AST) -> Any:
         ctx = self.it.ctx
+        start = len(ctx.saved)
         try:
             out = OPERATIONS[name](ctx, *args, **kwargs)
         except SymparamError as e:
             raise self.fail(node, f"{name}: {e}") from None
         except (TypeError, ValueError, AttributeError, IndexError) as e:
             raise self.fail(node, f"{name}: {e}") from None
-        for v in out if isinstance(out, tuple) else (out,):
-            if isinstance(v, Value):
-                ctx.steps.append(Step(ctx.module, name, v.shape, v.dtype, ctx.copies, storage=v.storage))
+        outputs = tuple(v for v in (out if isinstance(out, tuple) else (out,)) if isinstance(v, Value))
+        for v in outputs:
+            ctx.steps.append(Step(ctx.module, name, v.shape, v.dtype, ctx.copies, storage=v.storage))
+        inputs = tuple(v for v in [*args, *kwargs.values()] if isinstance(v, Value))
+        ctx.ops.append(Op(name, ctx.module, inputs, outputs, range(start, len(ctx.saved))))
         return out
+
+
+def tree_values(obj: Any) -> list[Value]:
+    """The tensors in a value, a tuple or a mapping of them."""
+    if isinstance(obj, Value):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [v for item in obj for v in tree_values(item)]
+    if isinstance(obj, dict):
+        return [v for item in obj.values() for v in tree_values(item)]
+    return []
 
 
 class Absent:
@@ -543,6 +576,12 @@ def _shape(args: tuple) -> list[sp.Expr]:
 def _tensor(ctx: Context, *shape: Any, dtype: str = "act", grad: bool = False) -> Value:
     """A tensor made without autograd (positions, masks, rotary tables, indices): nothing saved for it."""
     return ctx.new(_shape(shape), ctx.act if dtype == "act" else dtype, "tensor", grad)
+
+
+def _hold(ctx: Context, x: Value) -> Value:
+    """x, which the model's outputs keep alive after the forward (the logits, a KV cache's keys and values)."""
+    ctx.held.append(x.storage)
+    return x
 
 
 def _unsupported(ctx: Context, what: str, name: Any) -> Value:
@@ -601,6 +640,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "pad": ops.pad,
     "mish": ops.unary("input", "mish"),
     "unsupported": _unsupported,
+    "hold": _hold,
     "cumsum": _integer("cumsum"),
     "histc": _integer("histc"),
 }

@@ -14,7 +14,7 @@ import string
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache, cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,9 @@ MAX_RECIPE = 2**20  # bytes of a recipe file read at most (the largest built-in 
 MAX_TERMS = 10_000  # modules and tensors a recipe's tree may expand to (the largest built-in one has 134)
 MAX_BLOCK_DEPTH = 32  # blocks inside blocks (the deepest built-in recipe nests 8)
 ROOT = "causal_lm"  # the block a model is built from
-TOP_LEVEL = {"family", "title", "model_types", "architectures", "wrappers", "summary", "extends", "defaults", "symbols",
+TOP_LEVEL = {"family", "title", "model_types", "architectures", "summary", "extends", "defaults", "symbols",
              "switches", "blocks", "lists", "checks", "names", "zh", "checkpoint", "functions"}
-OWN = ("family", "title", "model_types", "architectures", "wrappers", "summary", "checkpoint")  # never inherited through `extends`
+OWN = ("family", "title", "model_types", "architectures", "summary", "checkpoint")  # never inherited through `extends`
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
                 "buffer", "lookup", "layers", "matmul", "dtype", "module"}
 BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module", "forward", "kernel"}
@@ -96,7 +96,6 @@ class Recipe:
     blocks: dict[str, Block]
     defaults: dict[str, Any] = field(default_factory=dict)  # config key -> transformers' default
     architectures: tuple[str, ...] = ()  # class names read as this family when the model_type is unknown
-    wrappers: dict[str, dict[str, Any]] = field(default_factory=dict)  # multimodal model_type -> {config, keep}
     lists: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-layer config lists: length formula, values
     checks: dict[str, str] = field(default_factory=dict)  # rule over symbol values -> message when it fails
     names: dict[str, dict[str, str]] = field(default_factory=dict)  # [names.rename] / [names.not_parameters]
@@ -601,10 +600,6 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
             raise SymparamError(f"{source}: [switches] {name}: expected true, false, a config key or a rule, got {value!r}")
         switches[name] = compile_rule(value, f"{source}: [switches] {name}")
     blocks = {name: _block(name, table, source, set(switches)) for name, table in _table(full, "blocks", source).items()}
-    wrappers = _table(full, "wrappers", source)
-    for name, spec in wrappers.items():
-        if not isinstance(spec, dict) or not isinstance(spec.get("config", "text_config"), str):
-            raise SymparamError(f"{source}: [wrappers] {name}: expected {{ config = \"text_config\", keep = [...], defaults = {{...}} }}")
     symbols = _symbols(full, source)
     recipe = Recipe(
         family=str(full["family"]),
@@ -616,7 +611,6 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
         blocks=blocks,
         defaults=dict(_table(full, "defaults", source)),
         architectures=_strings(full.get("architectures", []), f"{source}: architectures"),
-        wrappers={name: dict(spec) for name, spec in wrappers.items()},
         lists=_lists(full, source),
         checks=_checks(full, source, set(symbols)),
         names=_names(source, full.get("names", {})),
@@ -634,6 +628,8 @@ def _checks(data: dict[str, Any], source: str, symbols: set[str]) -> dict[str, s
     out = {}
     for rule, message in _table(data, "checks", source).items():
         where = f"{source}: [checks] {rule!r}"
+        if message is False:  # false removes an inherited check
+            continue
         if not isinstance(message, str):
             raise SymparamError(f"{where}: expected a message, got {message!r}")
         for name in message_fields(message, where):
@@ -663,12 +659,21 @@ def _checkpoint(data: dict[str, Any], source: str) -> dict[str, dict[str, str]]:
 
 
 def _lists(data: dict[str, Any], source: str) -> dict[str, dict[str, Any]]:
-    """[lists]: per-layer config lists (layer_types, ...): their length formula and the values they may hold."""
+    """[lists]: per-layer config lists (layer_types, ...): their length formula, the values they may hold, and the legacy
+    names of kinds that transformers reads as others (remap_legacy_layer_types: "mamba" is "linear_attention")."""
     out = {}
     for key, spec in _table(data, "lists", source).items():
-        if not isinstance(spec, dict) or set(spec) - {"length", "values"}:
-            raise SymparamError(f"{source}: [lists] {key}: expected {{ length = \"N\", values = [...] }}")
-        out[key] = {"length": str(spec.get("length", "N")), "values": list(spec["values"]) if "values" in spec else None}
+        where = f"{source}: [lists] {key}"
+        if not isinstance(spec, dict) or set(spec) - {"length", "values", "aliases", "sets"}:
+            raise SymparamError(f"{where}: expected {{ length = \"N\", values = [...], aliases = {{ old = \"new\" }}, sets = true }}")
+        aliases = spec.get("aliases", {})
+        if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()) or "." in key and aliases:
+            raise SymparamError(f"{where}: aliases must be a table of kind names (old = \"new\") of a top-level key")
+        length = str(spec.get("length", "N"))
+        if not isinstance(spec.get("sets", False), bool) or spec.get("sets") and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", length):
+            raise SymparamError(f"{where}: sets = true needs a length that is one symbol (length = \"N\")")
+        out[key] = {"length": length, "values": list(spec["values"]) if "values" in spec else None, "aliases": dict(aliases),
+                    "sets": bool(spec.get("sets", False))}
     return out
 
 
@@ -710,19 +715,17 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 class Registry:
-    """Recipes by family, model_type, wrapper and class name; a name defined twice is an error. Only each file's header
-    (its top-level keys and [wrappers]) is read up front; a recipe is parsed when first used, so more recipes cost the
-    cold CLI little."""
+    """Recipes by family, model_type and class name; a name defined twice is an error. Only each file's header (its
+    top-level keys) is read up front; a recipe is parsed when first used, so more recipes cost the cold CLI little."""
 
     def __init__(self, files: dict[str, str], known: dict[str, list] | None = None) -> None:
         self._files = files  # family file name -> TOML text
         known = known or {}  # file -> [sha1 of its text, its header]: headers read before (HEADERS), skipped if unchanged
         self._full: dict[str, dict[str, Any]] = {}
         self._parsed: dict[str, Recipe] = {}
-        self.headers: dict[str, dict[str, Any]] = {}  # file -> family, title, summary, model_types, architectures, wrappers
+        self.headers: dict[str, dict[str, Any]] = {}  # file -> family, title, summary, model_types, architectures
         self.by_family: dict[str, str] = {}
         self.by_type: dict[str, str] = {}
-        self.by_wrapper: dict[str, str] = {}
         self.by_class: dict[str, str] = {}
         for file, text in files.items():
             digest = fingerprint(text)
@@ -731,7 +734,7 @@ class Registry:
             if not isinstance(family, str):
                 raise SymparamError(f"{file}: missing 'family'")
             tables = ((self.by_family, [family]), (self.by_type, data.get("model_types", [])),
-                      (self.by_wrapper, list(data.get("wrappers", {}))), (self.by_class, data.get("architectures", [])))
+                      (self.by_class, data.get("architectures", [])))
             for table, names in tables:
                 for name in names:
                     if name in table:
@@ -777,10 +780,6 @@ class Registry:
             raise SymparamError(f"model_type: unsupported {model_type!r}; `symparam list` shows the {len(self.by_type)} supported model types")
         return self._recipe(self.by_type[model_type])
 
-    def wrapper(self, model_type: Any) -> Recipe | None:
-        """The language-model recipe of a multimodal model_type (gemma3 -> gemma3_text), if one declares it."""
-        return self._recipe(self.by_wrapper[model_type]) if isinstance(model_type, str) and model_type in self.by_wrapper else None
-
     def for_class(self, classes: Any) -> Recipe | None:
         """The recipe of the first class in config.json's `architectures` that a recipe names, if any."""
         names = classes if isinstance(classes, list) else []
@@ -791,15 +790,12 @@ class Registry:
 
 
 HEADER_END = re.compile(r"^\[", re.M)  # the first table: top-level keys come before it
-WRAPPERS = re.compile(r"^\[wrappers\][^\n]*\n(.*?)(?=^\[|\Z)", re.M | re.S)
 
 
 def header(text: str) -> str:
-    """A recipe's top-level keys and its [wrappers] table: all the registry needs to index it."""
+    """A recipe's top-level keys: all the registry needs to index it."""
     end = HEADER_END.search(text)
-    top = text if end is None else text[:end.start()]
-    wrappers = WRAPPERS.search(text)
-    return top + ("\n[wrappers]\n" + wrappers[1] if wrappers else "")
+    return text if end is None else text[:end.start()]
 
 
 HEADERS = "_headers.json"  # every recipe's header with the fingerprint of its text, written by `symparam docs`
@@ -829,4 +825,63 @@ def builtin() -> Registry:
 
 REGISTRY = builtin()
 
-__all__ = ["Recipe", "Registry", "REGISTRY", "load_recipe", "parse_recipe", "truthy", "merge", "library"]
+
+# ---------------------------------------------------------------- multimodal wrappers (_wrappers.toml)
+
+WRAPPERS = "_wrappers.toml"
+WRAPPER_FIELDS = {"text", "defaults", "tie", "head", "head_keys", "keys", "text_defaults", "flat", "rename", "reason"}
+GENERAL_TIE = "tie_word_embeddings"  # a wrapper's own flag ties its own head; with no flag of its own, no tie
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """How a multimodal config type keeps and reads its language model: what its config.json cannot say for itself."""
+
+    model_type: str
+    keys: tuple[str, ...]  # where it keeps the language model's config, first found wins
+    tie: Rule  # over the wrapper's keys (text_config.<key>: the language model's config): whether its own head is tied
+    text: str | None = None  # the language model's model_type where the sub-config names none
+    defaults: dict[str, Any] = field(default_factory=dict)  # the wrapper class's defaults for the keys `tie` reads
+    head: str = "wrapper"  # "wrapper": the head is the wrapper's own; "language model": the language model's, tied by it
+    head_keys: tuple[str, ...] = ()  # the wrapper's own keys that size its head (Ovis2's vocab_size and hidden_size)
+    text_defaults: dict[str, Any] = field(default_factory=dict)  # merged under the config's sub-config, as transformers does
+    flat: bool | tuple[str, ...] = False  # no sub-config: the language model's keys at the top level (all, or these)
+    rename: dict[str, str] = field(default_factory=dict)  # the sub-config's model_type read as another
+    reason: str | None = None  # not counted, and why
+    known: bool = False  # a wrapper type of transformers 5.23 listed in _wrappers.toml
+
+
+@cache
+def wrapper_table() -> tuple[tuple[str, ...], dict[str, Wrapper]]:
+    """The keys where wrappers keep their language model, and the wrapper types of transformers 5.23 (_wrappers.toml)."""
+    source = f"recipes/{WRAPPERS}"
+    data = read_toml(resources.files(__package__).joinpath(WRAPPERS).read_text(encoding="utf-8"), source)
+    keys = _strings(data.get("keys"), f"{source}: keys")
+    types = {}
+    for name, spec in _table(data, "types", source).items():
+        where = f"{source}: [types] {name}"
+        if not isinstance(spec, dict) or set(spec) - WRAPPER_FIELDS:
+            raise SymparamError(f"{where}: expected a table of {', '.join(sorted(WRAPPER_FIELDS))}")
+        flat = spec.get("flat", False)
+        types[name] = Wrapper(name, _strings(spec["keys"], f"{where}.keys") if "keys" in spec else ("text_config",),
+                              compile_rule(spec.get("tie", GENERAL_TIE), f"{where}.tie"), spec.get("text"), dict(spec.get("defaults", {})),
+                              spec.get("head", "wrapper"), _strings(spec.get("head_keys", []), f"{where}.head_keys"), dict(spec.get("text_defaults", {})),
+                              flat if isinstance(flat, bool) else _strings(flat, f"{where}.flat"), dict(spec.get("rename", {})),
+                              spec.get("reason"), True)
+    return keys, types
+
+
+@cache
+def scope() -> dict[str, dict[str, str]]:
+    """The causal-LM model types of transformers that are out of scope, with the reason for each (_scope.toml)."""
+    return read_toml(resources.files(__package__).joinpath("_scope.toml").read_text(encoding="utf-8"), "recipes/_scope.toml")
+
+
+def wrapper(model_type: Any) -> Wrapper:
+    """How a config of this model_type keeps its language model: its _wrappers.toml line, else the general rule."""
+    keys, types = wrapper_table()
+    known = types.get(model_type) if isinstance(model_type, str) else None
+    return known or Wrapper(str(model_type), keys, compile_rule(GENERAL_TIE, "wrapper tie"))
+
+
+__all__ = ["Recipe", "Registry", "REGISTRY", "Wrapper", "load_recipe", "parse_recipe", "truthy", "merge", "library", "scope", "wrapper", "wrapper_table"]
