@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,7 +15,7 @@ import sympy as sp
 
 from symparam.config import Note, Source, read_as, read_config, resolve, unwrap
 from symparam.errors import SymparamError
-from symparam.files import write_atomic
+from symparam.files import reason, shown, write_atomic
 from symparam.hub import REVISION, check_url, read_model
 from symparam.model import Model
 from symparam.recipes import REGISTRY, Recipe, load_recipe
@@ -40,11 +41,11 @@ def parse_sets(items: list[str]) -> dict[str, int]:
     for item in items:
         name, sep, text = item.partition("=")
         if not sep:
-            raise SymparamError(f"--set {item}: expected SYMBOL=INT")
+            raise SymparamError(f"--set {shown(item)}: expected SYMBOL=INT")
         try:
             values[name] = int(text.replace("_", ""))
         except ValueError:
-            raise SymparamError(f"--set {name}: expected an integer, got {text!r}") from None
+            raise SymparamError(f"--set {shown(name)}: expected an integer of at most 4,300 digits, got {shown(repr(text))}") from None
     return values
 
 
@@ -334,14 +335,16 @@ def parse_target(text: str) -> int:
     """7e9, 7_000_000_000, 7B or 350M as an integer number of parameters."""
     from decimal import Decimal, InvalidOperation
 
+    from symparam.whatif import MAX_TARGET
+
     scale = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}.get(text[-1:].upper(), 1)
     try:
-        value = Decimal(text[:-1] if scale > 1 else text.replace("_", "")) * scale
+        value = Decimal(text[:-1] if scale > 1 else text.replace("_", ""))
     except InvalidOperation:
-        raise SymparamError(f"--target: expected a number such as 7e9 or 7B, got {text!r}") from None
-    if value != value.to_integral_value() or value <= 0:
-        raise SymparamError(f"--target: expected a positive whole number of parameters, got {text!r}")
-    return int(value)
+        raise SymparamError(f"--target: expected a number such as 7e9 or 7B, got {shown(repr(text))}") from None
+    if not value.is_finite() or not 0 < value <= Decimal(MAX_TARGET) / scale or value * scale != (value * scale).to_integral_value():
+        raise SymparamError(f"--target: expected a whole number of parameters from 1 to {MAX_TARGET:.0e}, got {shown(repr(text))}")
+    return int(value * scale)
 
 
 def add_solve(p: argparse.ArgumentParser) -> None:
@@ -472,20 +475,57 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def dashed_values(argv: list[str]) -> list[str]:
+    """`--model -org/name` read as `--model=-org/name`: a value that starts with '-' and holds a '/' (a Hub id, a path)
+    is no option, though argparse would take it for one and answer with its usage."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and token.startswith("-") and "/" in token.split("=", 1)[0]:
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
+def silence_stdout() -> None:
+    """stdout pointed at /dev/null, so that what its buffer still holds cannot fail again when Python exits (which would
+    print 'Exception ignored' and exit 120)."""
     try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a real file (a test's capture)
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command: its output on stdout, exit 0 (or the command's own code); bad input is one line on stderr and
+    exit 2; a closed pipe is a quiet exit 141 and Ctrl-C exit 130 (as if killed by SIGPIPE or SIGINT, like C tools);
+    text an ASCII-only stdout cannot encode is escaped (\\u4e2d), never a crash."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    try:
+        args = parser().parse_args(dashed_values(sys.argv[1:] if argv is None else argv))
         result = args.run(args)  # text, or (text, exit code) for commands that judge (verify)
         text, code = result if isinstance(result, tuple) else (result, 0)
-        print(text)
-        if code:
-            return code
+        try:
+            print(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `symparam list | head -1`
+            silence_stdout()
+            return 141
+        except OSError as e:  # stdout is /dev/full, or a disk that filled up
+            silence_stdout()
+            raise SymparamError(f"stdout: cannot write ({reason(e)})") from None
+        return code
     except SymparamError as e:
-        print(f"symparam: error: {e}", file=sys.stderr)
+        message = str(e).replace("\r", "\\r").replace("\n", "\\n")  # one line, whatever a message holds
+        print(f"symparam: error: {message}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `symparam list | head`
-        sys.stderr.close()
-    return 0
+    except KeyboardInterrupt:
+        silence_stdout()
+        print("symparam: error: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,9 +15,12 @@ import sympy as sp
 
 from symparam.components import Term
 from symparam.errors import SymparamError
+from symparam.files import loads, read_text, shown
 from symparam.recipes import REGISTRY, Recipe, Wrapper, scope, wrapper
-from symparam.rules import Uniform, compile_rule, lookup_in
-from symparam.symbols import make, parse
+from symparam.rules import Uniform, compile_rule, lookup_in, message_text
+from symparam.symbols import MAX_VALUE, make, parse
+
+MAX_CONFIG = 16 * 2**20  # bytes of a config.json read at most (published ones are under 100 kB)
 
 
 @dataclass(frozen=True)
@@ -94,36 +96,11 @@ def read_preset(name: str) -> dict[str, Any]:
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """A config.json file as a dict; a missing, unreadable or malformed file is a one-line error."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # editors write a BOM; transformers reads it too
-    except FileNotFoundError:
-        raise SymparamError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise SymparamError(f"{path}: cannot read ({e.__class__.__name__})") from None
-    return loads(text, str(path))
-
-
-def loads(text: str, where: str) -> Any:
-    """JSON text as data, as Python's json (and so transformers) reads it: NaN and Infinity are floats (Nemotron-H's
-    time_step_limit holds Infinity; a size that is one is refused where it is read), too-deep nesting is refused, a
-    duplicate key is warned of (the last wins)."""
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in items:
-            if key in out:
-                print(f"{where}: warning: key {key!r} appears more than once; the last value wins, as in transformers", file=sys.stderr)
-            out[key] = value
-        return out
-
-    try:
-        return json.loads(text, object_pairs_hook=pairs)
-    except json.JSONDecodeError as e:
-        raise SymparamError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except RecursionError:
-        raise SymparamError(f"{where}: JSON nested too deeply to be a config") from None
+    """A config.json file as a dict; a missing, unreadable, oversized or malformed file is a one-line error."""
+    raw = loads(read_text(path, MAX_CONFIG, "config.json"), shown(path))  # a BOM is dropped: transformers reads one too
+    if not isinstance(raw, dict):
+        raise SymparamError(f"{shown(path)}: expected a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 Note = tuple[str, dict[str, str]]  # a phrase of templates/<lang>.toml and its fields: how a config was read
@@ -305,6 +282,7 @@ def resolve(raw: Any, recipe: Recipe | None = None, overrides: Mapping[str, int]
         notes += (("note_active_unknown", {"keys": ", ".join(unknown.values()), "symbols": ", ".join(unknown)}),)
     for symbol in _optional(recipe, tree):
         values.maybe(symbol)
+    _layer_counts(recipe, values, overrides)
     _one_variant_per_layer(recipe, values)
     _checks(recipe, values.known)
     _whole_shapes(tree, values.known, as_subs(values.known))
@@ -458,12 +436,22 @@ class Values:
 
 
 def _check(recipe: Recipe, symbol: str, field: str, value: Any) -> int:
+    """A value for `symbol`: an integer from its least (0 or 1) to MAX_VALUE (PyTorch's int64 sizes)."""
     s = recipe.symbols[symbol]
     low = 0 if s.zero else 1
-    if type(value) is not int or value < low:
+    if type(value) is not int or not low <= value <= MAX_VALUE:
         kind = "a non-negative" if low == 0 else "a positive"
-        raise SymparamError(f"{field}: expected {kind} integer ({s.meaning}), got {value!r}")
+        limit = f" of at most {MAX_VALUE:,}" if type(value) is int and value > MAX_VALUE else ""
+        raise SymparamError(f"{field}: expected {kind} integer{limit} ({s.meaning}), got {shown(repr(value))}")
     return value
+
+
+def _layer_counts(recipe: Recipe, values: Values, overrides: Mapping[str, int]) -> None:
+    """A layer-count symbol set with --set counts at most the N layers it divides (a rule never counts more)."""
+    for name in sorted(set(overrides) & set(recipe.layer_symbols)):
+        layers = values.get("N")
+        if overrides[name] > layers:
+            raise SymparamError(f"--set {name}={overrides[name]}: more than the N = {layers} layers ({recipe.symbols[name].meaning} are some of them)")
 
 
 def legacy_kinds(recipe: Recipe, config: dict[str, Any]) -> dict[str, Any]:
@@ -490,7 +478,7 @@ def _check_lists(recipe: Recipe, config: dict[str, Any], values: Values, given: 
             chosen.add(spec["length"])
         letters = spec["values"] is not None and all(len(v) == 1 for v in spec["values"])
         if not isinstance(entries, list) and not (letters and isinstance(entries, str)):
-            raise SymparamError(f"{key}: expected a list{' or a string' if letters else ''}, got {json.dumps(entries)}")
+            raise SymparamError(f"{key}: expected a list{' or a string' if letters else ''}, got {shown(json.dumps(entries))}")
         formula = parse(spec["length"], known=make)
         length = formula.xreplace(as_subs({str(x): values.get(str(x)) for x in formula.free_symbols}))
         if length.is_Integer and len(entries) != int(length):
@@ -524,17 +512,20 @@ def _checks(recipe: Recipe, values: dict[str, int]) -> None:
     for text, message in recipe.checks.items():
         rule = compile_rule(text, f"{recipe.source}: [checks]")
         if set(rule.reads) <= set(values) - absent and not rule(values.get):
-            raise SymparamError(message.format(**values))
+            raise SymparamError(message_text(message, values))
 
 
 def _whole_shapes(term: Term, values: dict[str, int], subs: dict[sp.Symbol, sp.Integer], path: str = "") -> None:
-    """Every tensor dimension must be a whole number at these values (d*h_kv/h with h not dividing d is not)."""
+    """Every tensor dimension must be a whole number at these values (d*h_kv/h with h not dividing d is not), and every
+    count of copies (N - N_dense layers, k of n experts) one that is not negative."""
     path = f"{path}.{term.key}" if path and term.key else path or term.key
-    for dim in term.shape:
+    copies = [times for times in {term.times, term.active_times} if times.free_symbols and {str(x) for x in times.free_symbols} <= set(values)]  # k may be unset
+    sizes = [(dim, "its size") for dim in term.shape] + [(times, "its copies") for times in copies]
+    for dim, what in sizes:
         size = dim.xreplace(subs)
         if not size.is_Integer or size < 0:
             used = ", ".join(f"{s}={values[str(s)]}" for s in sorted(dim.free_symbols, key=str))
-            raise SymparamError(f"{path}: its size {dim} is {size} at {used}, not a whole number")
+            raise SymparamError(f"{path or 'model'}: {what} {dim} is {shown(str(size))} at {used}, not a whole number")
     for child in term.children:
         _whole_shapes(child, values, subs, path)
 

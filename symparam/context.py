@@ -12,7 +12,8 @@ from symparam.components import walk
 from symparam.config import as_subs
 from symparam.errors import SymparamError
 from symparam.model import Model
-from symparam.symbols import B, S, W
+from symparam.files import shown
+from symparam.symbols import MAX_VALUE, B, S, W
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ def substitution(model: Model, seq: int | None, batch: int = 1) -> dict[sp.Symbo
             raise SymparamError("--seq: give the number of tokens (the config has no max_position_embeddings)")
         seq = values["P"]
     for option, given in (("--seq", seq), ("--batch", batch)):
-        if type(given) is not int or given < 1:
-            raise SymparamError(f"{option}: expected a positive integer, got {given!r}")
+        if type(given) is not int or not 1 <= given <= MAX_VALUE:
+            raise SymparamError(f"{option}: expected a positive integer of at most {MAX_VALUE:,}, got {shown(repr(given))}")
     subs = {**model.substitution(), **as_subs(values), S: sp.Integer(seq), B: sp.Integer(batch)}
     for h in holders(model, "cache"):
         missing = [str(x) for x in sp.sympify(h.fact.get("window", W)).free_symbols if str(x) not in values] if h.windowed != 0 else []

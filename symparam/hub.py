@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import SplitResult, quote, urljoin, urlsplit
 
-from symparam.config import Source, catalog, preset_name, presets, read_config, read_preset
+from symparam.config import MAX_CONFIG, Source, catalog, preset_name, presets, read_config, read_preset
 from symparam.errors import SymparamError
+from symparam.files import read_text
 
+T = TypeVar("T")
 ENDPOINT = "https://huggingface.co"  # the Hub, unless HF_ENDPOINT names another
 REVISION = "main"
 INSTALL = "pip install 'symparam[hub]'"
@@ -25,9 +29,9 @@ REF = re.compile(r"[\w.-]+(?:/[\w.-]+)*", re.ASCII)  # a branch, tag (refs/pr/1 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 SHARD = re.compile(r"[\w.-]+(?:/[\w.-]+)*\.safetensors", re.ASCII)  # a shard an index may name: a file beside it
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"  # what a repo's checkpoint is called, as transformers saves it
-MAX_INDEX = 100_000_000  # the largest index read
 WORKERS = 8  # headers read at once
-TIMEOUT = 10.0  # seconds to wait for the server, each request (huggingface_hub's default)
+TIMEOUT = 10.0  # seconds to wait for the server, each read (huggingface_hub's default)
+TRANSFER = 60.0  # seconds a whole transfer may take, unless SYMPARAM_TRANSFER_TIMEOUT says otherwise
 
 
 # --- names and places ------------------------------------------------------------------------------------------
@@ -87,8 +91,8 @@ def cached(repo: str, revision: str) -> tuple[Path, str] | None:
     commit = revision
     if not COMMIT.fullmatch(revision):
         try:
-            commit = (folder / "refs" / revision).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
+            commit = read_text(folder / "refs" / revision, 4096, "ref").strip()
+        except SymparamError:  # no such ref (or none that is a small text file): not cached
             return None
     path = folder / "snapshots" / commit / "config.json"
     return (path, commit) if COMMIT.fullmatch(commit) and path.is_file() else None
@@ -116,28 +120,98 @@ def read_model(name: str, revision: str | None = None) -> tuple[dict[str, Any], 
     if offline():
         raise SymparamError(f"{repo}: not in the Hugging Face cache {cache_dir()} at revision {revision}, and HF_HUB_OFFLINE is set; "
                             f"unset it to download its config.json, or get it where you are online: hf download {repo} config.json")
-    path = download(repo, revision)
-    return read_config(path), repo, Source("download", hub=repo, revision=revision, commit=path.parent.name, path=str(path), endpoint=endpoint())
+    raw, path = download(repo, revision)
+    return raw, repo, Source("download", hub=repo, revision=revision, commit=path.parent.name, path=str(path), endpoint=endpoint())
 
 
-def download(repo: str, revision: str) -> Path:
-    """config.json of `repo` at `revision`, and only that file, fetched into the cache by huggingface_hub."""
+def download(repo: str, revision: str) -> tuple[dict[str, Any], Path]:
+    """config.json of `repo` at `revision`, and only that file, fetched into the cache by huggingface_hub and read. The
+    whole transfer is bounded in time (transfer_limit()) and a file too large for a config.json is refused before it is
+    fetched; what a failed or refused download put in the cache is taken out again (huggingface_hub's records of what a
+    revision is and of files the repo lacks stay, as it writes them)."""
     what = f"{repo} config.json (revision {revision}, {host(endpoint())})"
     hf = library(f"{repo}: not in the Hugging Face cache {cache_dir()} at revision {revision}; to download its config.json")
     import httpx2  # huggingface_hub's HTTP client
 
-    with quiet():
+    def fetch() -> Path:
+        options = dict(revision=revision, cache_dir=cache_dir(), endpoint=endpoint())
+        size = hf.hf_hub_download(repo, "config.json", dry_run=True, **options).file_size  # a HEAD request: nothing is written
+        if size is not None and size > MAX_CONFIG:
+            raise SymparamError(f"{what}: {size:,} bytes, too large for a config.json (at most {MAX_CONFIG:,})")
+        return Path(hf.hf_hub_download(repo, "config.json", **options))
+
+    folder = cache_dir() / f"models--{repo.replace('/', '--')}"
+    before = stored(folder)
+    try:
+        with quiet():
+            try:
+                path = within(transfer_limit(), what, fetch)
+            except (OSError, httpx2.HTTPError) as e:  # huggingface_hub's HTTP and cache errors, and a connection cut mid-file
+                response = getattr(e, "response", None)
+                if isinstance(e, hf.errors.HfHubHTTPError) and response is not None:
+                    raise SymparamError(refusal(response.status_code, response.headers.get("X-Error-Code"), what, revision)) from None
+                if isinstance(e, hf.errors.LocalEntryNotFoundError):
+                    raise SymparamError(f"{what}: cannot reach {host(endpoint())} ({line(e.__cause__ or e)})") from None
+                if isinstance(e, httpx2.TransportError):
+                    raise SymparamError(f"{what}: the connection failed ({line(e)})") from None
+                if isinstance(e, httpx2.TooManyRedirects):
+                    raise SymparamError(f"{what}: the server redirects in a loop ({line(e)})") from None
+                raise SymparamError(f"{what}: {e.__class__.__name__}: {line(e)}") from None
+        return read_config(path), path
+    except BaseException:
+        forget(folder, before)
+        raise
+
+
+def stored(folder: Path) -> set[Path]:
+    """The files (and links) under a cached repo's blobs/ and snapshots/."""
+    return {p for part in ("blobs", "snapshots") if (folder / part).is_dir() for p in (folder / part).rglob("*") if not p.is_dir()}
+
+
+def forget(folder: Path, before: set[Path]) -> None:
+    """Remove what appeared under a cached repo's blobs/ and snapshots/ since `before` (a blob, a part of one, a
+    snapshot's link), and the snapshot folders that leaves empty."""
+    for path in stored(folder) - before:
+        path.unlink(missing_ok=True)
+    snapshots = folder / "snapshots"
+    for commit in snapshots.iterdir() if snapshots.is_dir() else ():
+        if commit.is_dir() and not any(commit.iterdir()):
+            commit.rmdir()
+
+
+def transfer_limit() -> float:
+    """Seconds a whole transfer may take (a config.json, or every header of a checkpoint): SYMPARAM_TRANSFER_TIMEOUT,
+    else TRANSFER. huggingface_hub's own timeout bounds each read; a server that sends a byte every few seconds passes
+    that, and only this ends it."""
+    text = os.environ.get("SYMPARAM_TRANSFER_TIMEOUT", "")
+    try:
+        seconds = float(text) if text else TRANSFER
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < math.inf:
+        raise SymparamError(f"SYMPARAM_TRANSFER_TIMEOUT: expected a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def within(seconds: float, what: str, work: Callable[[], T]) -> T:
+    """work() in a daemon thread: its result or its exception, or after `seconds` a one-line error (the thread is left
+    behind and ends with the process; nothing waits for it)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
         try:
-            return Path(hf.hf_hub_download(repo, "config.json", revision=revision, cache_dir=cache_dir(), endpoint=endpoint()))
-        except (OSError, httpx2.HTTPError) as e:  # huggingface_hub's HTTP and cache errors, and a connection cut mid-file
-            response = getattr(e, "response", None)
-            if isinstance(e, hf.errors.HfHubHTTPError) and response is not None:
-                raise SymparamError(refusal(response.status_code, response.headers.get("X-Error-Code"), what, revision)) from None
-            if isinstance(e, hf.errors.LocalEntryNotFoundError):
-                raise SymparamError(f"{what}: cannot reach {host(endpoint())} ({line(e.__cause__ or e)})") from None
-            if isinstance(e, httpx2.TransportError):
-                raise SymparamError(f"{what}: the connection failed ({line(e)})") from None
-            raise SymparamError(f"{what}: {e.__class__.__name__}: {line(e)}") from None
+            box["result"] = work()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name="symparam-transfer", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise SymparamError(f"{what}: no complete answer within {seconds:g} s (SYMPARAM_TRANSFER_TIMEOUT)")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def library(why: str) -> ModuleType:
@@ -228,6 +302,10 @@ class Reader:
             raise SymparamError(f"{what}: cannot reach {host(url)} ({line(e)})") from None
         except httpx2.TransportError as e:
             raise SymparamError(f"{what}: the connection failed after {len(data):,} bytes ({line(e)})") from None
+        except httpx2.TooManyRedirects as e:
+            raise SymparamError(f"{what}: the server redirects in a loop ({line(e)})") from None
+        except httpx2.HTTPError as e:  # an invalid URL or answer
+            raise SymparamError(f"{what}: {e.__class__.__name__}: {line(e)}") from None
         return bytes(data[skip:skip + stop - start]), size
 
     def header(self, url: str, what: str, missing_ok: bool = False) -> tuple[dict[str, Any], int] | None:
@@ -246,7 +324,7 @@ class Reader:
 
     def index(self, url: str, what: str, missing_ok: bool = False) -> dict[str, Any] | None:
         """A safetensors index (at most MAX_INDEX bytes), or None for a missing file when `missing_ok`."""
-        from symparam.safetensors import parse_index
+        from symparam.safetensors import MAX_INDEX, parse_index
 
         got = self.get(url, 0, MAX_INDEX + 1, what, missing_ok)
         if got is None:
@@ -256,22 +334,42 @@ class Reader:
         return parse_index(got[0], what)
 
     def headers(self, files: dict[str, tuple[str, str]]) -> tuple[list[tuple[str, dict[str, Any]]], int]:
-        """Each file's header (name -> (url, words for errors)), read WORKERS at a time, progress on a terminal."""
-        from concurrent.futures import ThreadPoolExecutor, as_completed
+        """Each file's header (name -> (url, words for errors)), read by WORKERS daemon threads at once (nothing waits
+        for one that hangs), progress on a terminal; the first failure ends the reading."""
+        from queue import Empty, Queue
 
+        todo: Queue = Queue()
+        done: Queue = Queue()
+        stop = threading.Event()
+        for item in files.items():
+            todo.put(item)
+
+        def work() -> None:
+            while not stop.is_set():
+                try:
+                    name, (url, what) = todo.get_nowait()
+                except Empty:
+                    return
+                try:
+                    done.put((name, self.header(url, what), None))
+                except BaseException as e:  # noqa: BLE001 - handed to the reader
+                    done.put((name, None, e))
+
+        for _ in range(min(WORKERS, len(files))):
+            threading.Thread(target=work, name="symparam-header", daemon=True).start()
         found: dict[str, dict[str, Any]] = {}
         total = 0
-        pool = ThreadPoolExecutor(WORKERS)
         try:
-            jobs = {pool.submit(self.header, url, what): name for name, (url, what) in files.items()}
             with progress(len(files)) as tick:
-                for job in as_completed(jobs):
-                    header, read = job.result()
-                    found[jobs[job]] = header
-                    total += read
+                while len(found) < len(files):
+                    name, got, error = done.get()
+                    if error is not None:
+                        raise error
+                    found[name] = got[0]
+                    total += got[1]
                     tick(len(found), total)
         finally:
-            pool.shutdown(cancel_futures=True)
+            stop.set()
         return sorted(found.items()), total
 
 
@@ -332,8 +430,13 @@ def check_url(url: str) -> str:
 
 def remote_checkpoint(target: str, revision: str) -> Checkpoint:
     """The headers of a checkpoint on the Hub (a Hub id: its model.safetensors, else its index and every shard it names)
-    or at a URL (a .safetensors file or an index); tensor data is never fetched."""
+    or at a URL (a .safetensors file or an index), all within transfer_limit(); tensor data is never fetched."""
     reader = Reader(check_revision(revision))
+    return within(transfer_limit(), f"{target}: the safetensors headers", lambda: read_checkpoint(reader, target, revision))
+
+
+def read_checkpoint(reader: Reader, target: str, revision: str) -> Checkpoint:
+    """What remote_checkpoint reads, without its time limit."""
     if target.startswith(("http://", "https://")):
         name = check_url(target)
         if name.endswith(".safetensors"):

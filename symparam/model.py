@@ -15,6 +15,7 @@ from dataclasses import replace
 from symparam.components import Term, breakdown, leaves, tensors
 from symparam.config import Resolved, Source, as_subs, preset_name, read_config, read_preset, resolve, tree_symbols
 from symparam.errors import SymparamError
+from symparam.files import existing
 from symparam.recipes import REGISTRY, Recipe
 from symparam.symbols import evaluate, latex, make
 
@@ -155,13 +156,19 @@ class Model:
             return None if expr.free_symbols - set(subs) else exact(expr)
 
         lookups = sum((copies * leaf.each for leaf, copies, _, _ in leaves(self.tree, active=True) if leaf.lookup), sp.Integer(0))
-        return Count(
+        count = Count(
             total=exact(self.total),
             active=known(self.active),
             components={c: exact(e) for c, e in self.components.items()},
             active_components={c: known(e) for c, e in self.active_components.items()},
             lookup=known(lookups) or 0,
         )
+        figures = {"total": count.total, "active": count.active, **count.components, **{f"active {c}": n for c, n in count.active_components.items()}}
+        below = next(((label, n) for label, n in figures.items() if n is not None and n < 0), None)
+        if below is not None:  # values no config gives (a layer count above N, set directly): no figure is ever negative
+            used = ", ".join(f"{s}={v}" for s, v in subs.items())
+            raise SymparamError(f"{self.name}: {below[0]} is {below[1]:,} at {used}; the values contradict each other (a layer count above N?)")
+        return count
 
     def _repr_latex_(self) -> str:
         return f"$\\displaystyle \\text{{{self.name}}}: {latex(self.total)}$"
@@ -185,7 +192,7 @@ def load(source: str | Path | Mapping[str, Any], overrides: Mapping[str, int] | 
         raw, name = read_preset(source), preset_name(source)
     elif isinstance(source, str) and not source.endswith(".json") and "/" not in source:
         raw, name = read_preset(source), source
-    elif isinstance(source, str) and not source.endswith(".json") and not Path(source).exists():
+    elif isinstance(source, str) and not source.endswith(".json") and existing(source) is None:
         from symparam.hub import read_model
 
         raw, name, origin = read_model(source)

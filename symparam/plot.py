@@ -159,8 +159,6 @@ def save(fig: Any, output: str | Path) -> Path:
     path = Path(output)
     if path.suffix.lower() not in FORMATS:
         raise SymparamError(f"-o {output}: expected a file ending in {', '.join(FORMATS)}")
-    if not path.parent.is_dir():
-        raise SymparamError(f"-o {output}: no such directory {path.parent}")
     with replacing(path) as f:
         fig.savefig(f, format=path.suffix[1:].lower())
     return path

@@ -47,6 +47,8 @@ def _compile(text: str, where: str) -> Program:
         tree = ast.parse(_dedent(text))
     except SyntaxError as e:
         raise SymparamError(f"{where}: not a program ({e.msg}, line {e.lineno})") from None
+    except (ValueError, RecursionError, MemoryError):  # a NUL byte; Python's parser on 15,000 nested minus signs
+        raise SymparamError(f"{where}: not a program (nested too deeply for Python's parser)") from None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         raise SymparamError(f"{where}: expected exactly one `def name(...):`")
     fn = tree.body[0]

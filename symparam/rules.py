@@ -5,11 +5,13 @@ from __future__ import annotations
 import ast
 import json
 import operator
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from symparam.errors import SymparamError
+from symparam.files import shown
 
 _COMPARE: dict[type, Callable[[Any, Any], bool]] = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
@@ -23,10 +25,32 @@ _NODES = (ast.Expression, ast.Name, ast.Constant, ast.Attribute, ast.Subscript, 
           ast.BinOp, ast.IfExp, ast.List, ast.Tuple, ast.Call, ast.Load, ast.And, ast.Or, ast.Not, ast.USub,
           *_COMPARE, *_ARITHMETIC)
 MAX_LAYERS = 10**6  # a layer rule that reads i is applied to each layer: beyond this, no real model
+MAX_ITEMS = MAX_LAYERS  # entries of a list or string a rule makes (["mamba"] * i)
+MAX_BITS = 8_192  # bits of an integer a rule makes (a product of config values): no size comes near
+MAX_TEXT = 2_000  # characters of a rule or formula (the longest built-in rule has 507)
+MAX_DEPTH = 50  # levels of its syntax tree (the deepest built-in rule has 12): evaluation recurses this deep, no deeper
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "len": len, "bool": bool, "any": any, "all": all, "int": int, "round": round, "min": min, "max": max,
     "nth": lambda value, i: value[i] if isinstance(value, list) else value,  # a size given once or per layer (Gemma 3n's intermediate_size)
 }
+
+
+def syntax(text: str, what: str) -> ast.Expression:
+    """`text` parsed as one Python expression, refused beyond MAX_TEXT characters or MAX_DEPTH levels (a sum of 20,000
+    terms) before anything walks it; errors start with `what` ("formula 'd*'", "recipe.toml: [switches] x")."""
+    if len(text) > MAX_TEXT:
+        raise SymparamError(f"{what}: longer than {MAX_TEXT:,} characters")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: a NUL byte, or an integer Python does not read
+        raise SymparamError(f"{what}: not an expression") from None
+    level = [(tree, 0)]
+    while level:
+        node, depth = level.pop()
+        if depth > MAX_DEPTH:
+            raise SymparamError(f"{what}: nested more than {MAX_DEPTH} levels deep")
+        level.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return tree
 
 
 def path(node: ast.AST) -> str | None:
@@ -73,6 +97,7 @@ class Rule:
     text: str
     tree: ast.Expression = field(repr=False, compare=False)
     reads: tuple[str, ...] = ()  # top-level config keys (and `i`) it reads, in the order it is written
+    indexed: tuple[str, ...] = ()  # config keys it reads at the layer index, key[i]: per-layer lists
 
     def __call__(self, lookup: Callable[[str], Any], i: Any = None) -> Any:
         """The rule's value; names are read through `lookup` (a dotted key -> its config value, None if unset)."""
@@ -144,17 +169,31 @@ class Rule:
         if isinstance(container, dict):  # a table keyed by layer: JSON keys are strings ("2", "02"), as transformers reads int(key)
             return next((v for k, v in container.items() if k == index or (type(index) is int and str(k).isdigit() and int(k) == index)), None)
         if not isinstance(container, (list, str)):
-            raise SymparamError(f"{key}: expected a list or a string, got {json.dumps(container)} (read by the rule {self.text!r})")
+            raise SymparamError(f"{key}: expected a list or a string, got {shown(json.dumps(container))} (read by the rule {self.text!r})")
         if type(index) is not int or not 0 <= index < len(container):
             raise SymparamError(f"{key}: has {len(container)} entries, too few for index {index} (read by the rule {self.text!r})")
         return container[index]
 
     def _apply(self, node: ast.AST, fn: Callable[..., Any], *args: Any) -> Any:
+        if fn is operator.mul and len(args) == 2:
+            self._bounded(node, *args)
         try:
             return fn(*args)
-        except (TypeError, ValueError, ZeroDivisionError):
-            shown = ", ".join(json.dumps(a) if isinstance(a, (int, str, list, type(None), bool)) else type(a).__name__ for a in args)
-            return self._fail(node, f"cannot be used with {shown}")
+        except (TypeError, ValueError, ZeroDivisionError, OverflowError):  # OverflowError: int() of an infinite float
+            values = ", ".join(shown(json.dumps(a)) if isinstance(a, (int, float, str, list, type(None), bool)) else type(a).__name__ for a in args)
+            return self._fail(node, f"cannot be used with {values}")
+
+    def _bounded(self, node: ast.AST, a: Any, b: Any) -> None:
+        """A product is refused before it is made where it would exceed MAX_ITEMS entries or MAX_BITS bits."""
+        sizes = [len(x) if isinstance(x, (list, str)) else abs(x).bit_length() if type(x) is int else None for x in (a, b)]
+        if None in sizes or isinstance(a, (list, str)) and isinstance(b, (list, str)):
+            return  # floats, arrays, a TypeError to come
+        if isinstance(a, (list, str)) or isinstance(b, (list, str)):
+            count = a if type(a) is int else b
+            if sizes[0 if isinstance(a, (list, str)) else 1] * max(count, 0) > MAX_ITEMS:
+                self._fail(node, f"would make more than {MAX_ITEMS:,} entries")
+        elif sum(sizes) > MAX_BITS:
+            self._fail(node, f"would make an integer of more than {MAX_BITS:,} bits")
 
     def _fail(self, node: ast.AST, why: str) -> Any:
         where = path(node) or ast.unparse(node)
@@ -168,16 +207,34 @@ def compile_rule(text: Any, where: str) -> Rule:
         text = str(text)
     if not isinstance(text, str):
         raise SymparamError(f"{where}: expected a rule such as \"i < first_k_dense_replace\", got {text!r}")
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError:
-        raise SymparamError(f"{where}: {text!r} is not a rule") from None
+    tree = syntax(text, f"{where}: {shown(repr(text))}")
     for node in ast.walk(tree):
         if not isinstance(node, _NODES) or (isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS)):
             raise SymparamError(f"{where}: {text!r} uses {type(node).__name__}, which rules do not allow")
     names = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in FUNCTIONS), key=lambda n: n.col_offset)
     reads = list(dict.fromkeys(n.id for n in names))  # in the order the rule is written: its first key names it in errors
-    return Rule(text, tree, tuple(reads))
+    indexed = [path(n.value) for n in ast.walk(tree) if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Name) and n.slice.id == "i"]
+    return Rule(text, tree, tuple(reads), tuple(dict.fromkeys(key for key in indexed if key)))
+
+
+MESSAGE = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|[{}]")  # {{, }}, a {name} field, or a brace out of place
+
+
+def message_fields(message: str, where: str) -> list[str]:
+    """The {name} fields of a [checks] message; any other use of braces ({h.__class__}, {0}, {d:,}) is an error: a
+    recipe shared by someone else must not read the program's internals through str.format."""
+    fields = []
+    for match in MESSAGE.finditer(message):
+        if match[0] in "{}":
+            raise SymparamError(f"{where}: a message may hold only {{symbol}} fields (and {{{{ }}}} for braces): {shown(repr(message))}")
+        if match[1]:
+            fields.append(match[1])
+    return fields
+
+
+def message_text(message: str, values: Mapping[str, Any]) -> str:
+    """A [checks] message with its {name} fields set to `values` (a field without a value stays as written)."""
+    return MESSAGE.sub(lambda m: m[0][0] if m[1] is None else str(values[m[1]]) if m[1] in values else m[0], message)
 
 
 def lookup_in(config: Mapping[str, Any]) -> Callable[[str], Any]:
@@ -192,4 +249,4 @@ def lookup_in(config: Mapping[str, Any]) -> Callable[[str], Any]:
     return read
 
 
-__all__ = ["Rule", "compile_rule", "lookup_in", "path"]
+__all__ = ["Rule", "compile_rule", "lookup_in", "message_text", "message_fields", "path", "syntax"]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from symparam.errors import SymparamError
+from symparam.files import existing, loads, opened, read_bytes, shown, status
 
 # Bytes per stored element, by the dtype name a safetensors header spells.
 DTYPE_BYTES = {
@@ -24,6 +25,7 @@ DTYPE_NAMES = {
 # The most header bytes read from one safetensors file (local or remote), the limit the safetensors library itself sets:
 # a length past it is refused before anything is allocated or fetched.
 MAX_HEADER = 100_000_000
+MAX_INDEX = 100_000_000  # the largest safetensors index read, local or remote
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,7 @@ def header_length(head: bytes, where: str, size: int | None) -> int:
 
 def parse_header(data: bytes, where: str) -> dict[str, Any]:
     """The JSON object of a safetensors header."""
-    try:
-        header = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise SymparamError(f"{where}: not a safetensors file (header is not JSON)") from None
+    header = loads(data, f"{where}: safetensors header")
     if not isinstance(header, dict):
         raise SymparamError(f"{where}: not a safetensors file (header is not a JSON object)")
     return header
@@ -73,12 +72,9 @@ def parse_header(data: bytes, where: str) -> dict[str, Any]:
 
 def read_header(path: Path) -> dict[str, Any]:
     """The JSON header of one .safetensors file: 8-byte little-endian length, then that many bytes of JSON."""
-    try:
-        with path.open("rb") as f:
-            length = header_length(f.read(8), str(path), path.stat().st_size)
-            return parse_header(f.read(length), str(path))
-    except FileNotFoundError:
-        raise SymparamError(f"{path}: no such file") from None
+    with opened(path) as (f, size):
+        length = header_length(f.read(8), shown(path), size)
+        return parse_header(f.read(length), shown(path))
 
 
 def header_tensors(header: dict[str, Any], where: str) -> list[Tensor]:
@@ -101,10 +97,7 @@ def tensors(path: Path) -> list[Tensor]:
 
 def parse_index(data: bytes | str, where: str) -> dict[str, Any]:
     """A model.safetensors.index.json's text as data: its metadata and weight_map."""
-    try:
-        index = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SymparamError(f"{where}: not valid JSON ({e.__class__.__name__})") from None
+    index = loads(data, where)
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         raise SymparamError(f"{where}: not a safetensors index (no weight_map)")
     return index
@@ -112,31 +105,26 @@ def parse_index(data: bytes | str, where: str) -> dict[str, Any]:
 
 def read_index(path: Path) -> dict[str, Any]:
     """A model.safetensors.index.json file: its metadata and weight_map."""
-    try:
-        return parse_index(path.read_bytes(), str(path))
-    except FileNotFoundError:
-        raise SymparamError(f"{path}: no such file") from None
+    return parse_index(read_bytes(path, MAX_INDEX, "safetensors index"), shown(path))
 
 
 def locate(path: str | Path) -> tuple[list[Path], Path | None]:
     """(shard files to read, the index file if any) for a file, a directory of shards, or an index.json."""
     path = Path(path)
-    if path.is_dir():
+    if stat.S_ISDIR(status(path).st_mode):
         shards = sorted(path.glob("*.safetensors"))
         index = next(iter(sorted(path.glob("*.safetensors.index.json"))), None)
         if not shards and index is None:
-            raise SymparamError(f"{path}: no .safetensors files or index in this directory")
+            raise SymparamError(f"{shown(path)}: no .safetensors files or index in this directory")
         return shards, index
-    if not path.exists():
-        raise SymparamError(f"{path}: no such file or directory")
     if path.name.endswith(".index.json"):
         files = sorted({str(v) for v in read_index(path)["weight_map"].values()})
         shards = [path.parent / f for f in files]
-        return (shards if all(s.exists() for s in shards) else []), path
+        return (shards if all(existing(s) for s in shards) else []), path
     if path.suffix == ".safetensors":
         return [path], None
-    raise SymparamError(f"{path}: expected a .safetensors file, a directory of shards or a model.safetensors.index.json")
+    raise SymparamError(f"{shown(path)}: expected a .safetensors file, a directory of shards or a model.safetensors.index.json")
 
 
-__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "MAX_HEADER", "Tensor", "header_length", "parse_header", "read_header", "header_tensors",
+__all__ = ["DTYPE_BYTES", "DTYPE_NAMES", "MAX_HEADER", "MAX_INDEX", "Tensor", "header_length", "parse_header", "read_header", "header_tensors",
            "tensors", "parse_index", "read_index", "locate"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from typing import Any
 import sympy as sp
 
 from symparam.errors import SymparamError
+from symparam.files import shown
+from symparam.rules import syntax
 
 
 @dataclass(frozen=True)
@@ -128,20 +131,34 @@ FORMULA_FUNCTIONS: dict[str, Callable[[sp.Expr], sp.Expr]] = {
 }
 
 
+MAX_VALUE = 2**63 - 1  # the largest value a symbol takes: PyTorch's sizes and counts are int64
+MAX_EXPONENT = 8  # the largest n of x**n in a formula (the built-in recipes use 2)
+MAX_DEGREE = 8  # the largest degree of a formula in its symbols, arguments put in (the built-in recipes reach 3)
+MAX_BITS = 256  # bits of a constant a formula makes (2**8 is 9)
+MAX_RESULT = 1_000  # bits of a value a formula is evaluated to (301 digits): a float holds every figure (GB, GiB)
+
+
 def parse(formula: str | int, names: Mapping[str, sp.Expr] | None = None, known: Callable[[str], sp.Expr] = symbol) -> sp.Expr:
-    """A formula such as "4*d" or "2*h_kv*h_d" as an expression: symbols (or `names`), integers and + - * / ** // %."""
+    """A formula such as "4*d" or "2*h_kv*h_d" as an expression: symbols (or `names`), integers and + - * / ** // %.
+    Its size is bounded before anything is computed: the text, its nesting, exponents, constants and degree."""
+    what = f"formula {shown(repr(formula))}"
     if type(formula) is int:
-        return sp.Integer(formula)
+        return _constant(sp.Integer(formula), what)
 
     def walk(node: ast.AST) -> sp.Expr:
         if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+                raise SymparamError(f"{what}: divides by zero")
+            return _constant(_OPERATORS[type(node.op)](left, right), what)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.right, ast.Constant) and type(node.right.value) is int:
-            return walk(node.left) ** node.right.value
+            if node.right.value > MAX_EXPONENT:
+                raise SymparamError(f"{what}: an exponent of at most {MAX_EXPONENT}, not {shown(str(node.right.value))}")
+            return _constant(walk(node.left) ** node.right.value, what)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -walk(node.operand)
         if isinstance(node, ast.Constant) and type(node.value) is int:
-            return sp.Integer(node.value)
+            return _constant(sp.Integer(node.value), what)
         if isinstance(node, ast.Name):
             return names[node.id] if names is not None and node.id in names else known(node.id)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORMULA_FUNCTIONS and len(node.args) == 1 and not node.keywords:
@@ -150,19 +167,43 @@ def parse(formula: str | int, names: Mapping[str, sp.Expr] | None = None, known:
 
     if not isinstance(formula, str):
         raise SymparamError(f"formula {formula!r}: expected a formula such as \"4*d\"")
-    try:
-        tree = ast.parse(formula, mode="eval")
-    except SyntaxError:
-        raise SymparamError(f"formula {formula!r} is not a formula") from None
-    return walk(tree.body)
+    expr = walk(syntax(formula, what).body)
+    if degree(expr) > MAX_DEGREE:
+        raise SymparamError(f"{what}: of degree {degree(expr)} in its symbols; at most {MAX_DEGREE}")
+    return expr
+
+
+def _constant(expr: sp.Expr, what: str) -> sp.Expr:
+    """`expr`, unless it is a number of more than MAX_BITS bits (in its numerator or denominator)."""
+    if expr.is_Rational and max(abs(expr.p).bit_length(), expr.q.bit_length()) > MAX_BITS:
+        raise SymparamError(f"{what}: makes a number of more than {MAX_BITS} bits")
+    return expr
+
+
+@functools.lru_cache(maxsize=4096)
+def degree(expr: sp.Expr) -> int:
+    """An upper bound on the total degree of `expr` in its symbols, read from its tree without expanding it (a quotient
+    or a floor counts as a product: the bound is on how large its value can grow)."""
+    if expr.is_Symbol:
+        return 1
+    if expr.is_Pow and expr.exp.is_Integer:
+        return degree(expr.base) * abs(int(expr.exp))
+    parts = [degree(a) for a in expr.args if isinstance(a, sp.Expr)]
+    if expr.is_Add or isinstance(expr, (sp.Min, sp.Max)):
+        return max(parts, default=0)
+    return sum(parts)
 
 
 def evaluate(expr: sp.Expr, values: Mapping[Any, int], what: str = "") -> int:
-    """`expr` at `values` (keyed by symbol or name) as an exact int; a fraction is a SymparamError."""
+    """`expr` at `values` (keyed by symbol or name) as an exact int; a fraction, a division by zero or a value beyond
+    MAX_RESULT bits is a SymparamError."""
     subs = {key if isinstance(key, sp.Symbol) else make(str(key)): sp.Integer(v) for key, v in values.items()}
     result = sp.sympify(expr).xreplace(subs)
     if not result.is_Integer:
-        raise SymparamError(f"{what or expr}: {result} is not a whole number at these values")
+        why = "divides by zero" if result.has(sp.zoo, sp.nan) else f"{shown(str(result))} is not a whole number"
+        raise SymparamError(f"{what or shown(str(expr))}: {why} at these values")
+    if abs(int(result)).bit_length() > MAX_RESULT:
+        raise SymparamError(f"{what or shown(str(expr))}: more than {MAX_RESULT:,} bits at these values; no model is that large")
     return int(result)
 
 
@@ -171,4 +212,4 @@ def latex(expr: sp.Expr) -> str:
     return sp.latex(expr, symbol_names=LATEX_NAMES)
 
 
-__all__ = ["TABLE", "BY_NAME", "SYMBOLS", "SymbolDef", "define", "make", "symbol", "parse", "evaluate", "latex"] + [s.name for s in TABLE]
+__all__ = ["TABLE", "BY_NAME", "SYMBOLS", "SymbolDef", "define", "make", "symbol", "parse", "degree", "evaluate", "latex", "MAX_VALUE"] + [s.name for s in TABLE]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,10 +13,11 @@ import sympy as sp
 
 from symparam.config import resolve
 from symparam.errors import SymparamError
+from symparam.files import read_text, shown
 from symparam.model import Model
 from symparam.recipes import Recipe
-from symparam.rules import compile_rule
-from symparam.symbols import BY_NAME, SYMBOLS, make, parse, symbol as lookup
+from symparam.rules import compile_rule, lookup_in, message_text
+from symparam.symbols import BY_NAME, MAX_RESULT, MAX_VALUE, SYMBOLS, make, parse, symbol as lookup
 from symparam.symbols import evaluate as exactly
 
 # Divisibility a design must keep: (symbol, the symbol it must be a multiple of, why).
@@ -26,6 +27,10 @@ CONSTRAINTS = (
 )
 INT64_MAX = 2**63 - 1
 MAX_STEPS = 100_000  # how far solve walks from a root to the nearest value meeting the constraints
+MAX_COUNTS = 400  # exact counts (each a config resolution, ~20 ms) solve makes at most: an answer within seconds
+MAX_TARGET = 10**18  # the largest total solve aims at: a million times today's largest models
+MAX_ROWS = 1_000_000  # rows of a sweep (a grid's combinations, a CSV's rows): 10^6 rows take about a second and 100 MB
+MAX_CSV = 256 * 2**20  # bytes of a CSV of rows read at most
 
 __all__ = ["solve", "Solution", "sensitivity", "sensitivities", "Sensitivity", "sweep", "sweep_config", "compile_count", "evaluate",
            "grid", "derived", "follow", "CONSTRAINTS"]
@@ -119,8 +124,12 @@ def solve(recipe: Recipe, symbol: str, target: int, config: Mapping[str, Any] | 
     to an allowed neighbour while that is strictly closer to the target.
     """
     sym, config, sets = lookup(symbol), dict(config or {}), {k: v for k, v in (sets or {}).items() if k != symbol}
-    if target <= 0:
-        raise SymparamError(f"--target: expected a positive number of parameters, got {target}")
+    if not 0 < target <= MAX_TARGET:
+        raise SymparamError(f"--target: expected a number of parameters from 1 to {MAX_TARGET:.0e}, got {target:.3e}")
+    fixed_by = _fixed_by(recipe, config, symbol)
+    if fixed_by is not None:
+        raise SymparamError(f"--for {symbol}: fixed by the config: its {fixed_by[0]} has {fixed_by[1]} entries, one per layer; "
+                            f"solve on a config without {fixed_by[0]} to let {symbol} change")
     formulas = derived(recipe, config, {**sets, symbol: 0})
     base = _resolve_around(recipe, config, sets, symbol)
     model = Model(recipe, base.flags)
@@ -131,15 +140,19 @@ def solve(recipe: Recipe, symbol: str, target: int, config: Mapping[str, Any] | 
     fixed = {k: v for k, v in base.values.items() if k != symbol and k not in moving and k not in ruled}
     general = follow(model.total, formulas, {symbol}).xreplace({make(k): sp.Integer(v) for k, v in fixed.items()})
     counted: dict[int, tuple[int, dict[str, int]] | None] = {}
+    resolved = [0]  # configs resolved so far (each ~20 ms): at most MAX_COUNTS
 
     def exact(value: int) -> int | None:
         """The total at `value` by the full path (config resolution, exact count), or None if the value is not allowed."""
-        if value < 1:
+        if value < 1 or value > MAX_VALUE:
             return None
         if value not in counted:
             trial = {**fixed, symbol: value, **{m: _value(formulas[m], {**fixed, symbol: value}) for m in moving}}
             counted[value] = None
             if not any(trial[m] is None for m in moving) and not meets(trial):  # cheap checks before resolving
+                resolved[0] += 1
+                if resolved[0] > MAX_COUNTS:
+                    raise SymparamError(f"--for {symbol}: no answer within {MAX_COUNTS} exact counts (the config refuses most values of {symbol} near {value:,})")
                 try:
                     r = resolve(config, recipe, {**sets, symbol: value})
                     counted[value] = (Model.from_resolved(r).count().total if r.flags != base.flags else model.count(r.values).total,
@@ -205,6 +218,16 @@ def solve(recipe: Recipe, symbol: str, target: int, config: Mapping[str, Any] | 
     if equation.xreplace({sym: best[0]}) != best[1]:
         raise SymparamError(f"--for {symbol}: the equation gives {equation.xreplace({sym: best[0]})} at {symbol} = {best[0]}, the exact count {best[1]:,}")
     return Solution(symbol, target, equation, model.total, roots, sorted(candidates.items()), fixed, {m: formulas[m] for m in moving}, rules)
+
+
+def _fixed_by(recipe: Recipe, config: Mapping[str, Any], symbol: str) -> tuple[str, int] | None:
+    """The config's per-layer list that fixes `symbol`, and its length: a [lists] entry whose length is a formula in the
+    symbol, or (for N, the layers) a list a layer rule reads at layer i (layer_types[i], hybrid_override_pattern[i])."""
+    read = lookup_in({**recipe.defaults, **config})
+    keys = [key for key, spec in recipe.lists.items() if make(symbol) in parse(spec["length"], known=make).free_symbols]
+    if symbol == "N":
+        keys += [key for rule in (*recipe.layer_symbols.values(), *recipe.per_layer_symbols.values()) for key in rule.indexed]
+    return next(((key, len(read(key))) for key in dict.fromkeys(keys) if isinstance(read(key), (list, str))), None)
 
 
 def _roots(equation: sp.Expr, sym: sp.Symbol, target: int) -> list[float]:
@@ -295,6 +318,11 @@ def sensitivities(model: Model, formulas: Mapping[str, sp.Expr] | None = None, s
     formulas = formulas or {}
     free = follow(model.total, formulas).free_symbols
     names = symbols or [str(s) for s in SYMBOLS.values() if s in free]
+    for name in names:
+        if lookup(name) not in free:
+            depends = ", ".join(str(s) for s in SYMBOLS.values() if s in free)
+            why = f"{name} follows {formulas[name]} (not set in the config)" if name in formulas else f"the {model.recipe.title} total does not depend on {name}"
+            raise SymparamError(f"--for {name}: {why}; it depends on {depends}")
     return [sensitivity(model, name, formulas) for name in names]
 
 
@@ -344,6 +372,8 @@ def evaluate(compiled: Compiled, columns: Mapping[str, np.ndarray], on_overflow:
     if missing:
         raise SymparamError(f"sweep: no values for {', '.join(missing)}")
     bound = compiled.bound(columns)
+    if bound.bit_length() > MAX_RESULT:
+        raise SymparamError(f"sweep: {compiled.expr} could reach {bound.bit_length():,} bits at these rows; no model is that large (at most {MAX_RESULT:,} bits)")
     if bound <= INT64_MAX:
         args = [np.asarray(columns[s], dtype=np.int64) for s in compiled.symbols]
         size = max((len(a) for a in args), default=1)
@@ -385,27 +415,28 @@ def _columns(columns: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
     if len(sizes) > 1:
         raise SymparamError(f"sweep: columns of different lengths ({', '.join(f'{n}: {len(a)}' for n, a in out.items())})")
     size = sizes.pop() if sizes else 1
+    if size > MAX_ROWS:
+        raise SymparamError(f"sweep: {size:,} rows; a sweep takes at most {MAX_ROWS:,}")
     if any(len(a) == 0 for a in out.values()) or not out:
         raise SymparamError("sweep: no rows")
     return {name: np.broadcast_to(a, (size,)) if len(a) == 1 else a for name, a in out.items()}, size
 
 
 def _column(name: str, values: Any) -> np.ndarray:
-    """One column as int64 (objects holding Python ints beyond int64); floats and values below the symbol's least are errors."""
+    """One column as int64; a value that is not an integer, below the symbol's least (N_dense may be 0, N not) or above
+    MAX_VALUE is an error naming its row."""
     array = np.atleast_1d(np.asarray(values))
-    if array.dtype.kind in "iu":  # already integers: no per-row Python work
-        array = array.astype(object) if array.dtype.kind == "u" and array.size and array.max() > INT64_MAX else array.astype(np.int64, copy=False)
-    else:
+    if array.dtype.kind not in "iu":
         array = np.atleast_1d(np.asarray(values, dtype=object))
         if not all(type(x) is int or isinstance(x, np.integer) for x in array):
             raise SymparamError(f"sweep: column {name} must hold integers")
-        ints = [int(x) for x in array]
-        array = np.array(ints, dtype=np.int64 if all(-INT64_MAX <= x <= INT64_MAX for x in ints) else object)
     low = 0 if BY_NAME[name].zero else 1
-    if array.size and array.min() < low:
-        row = int(np.argmax(array < low))
-        raise SymparamError(f"sweep: row {row}: {name} = {array[row]}: expected a {'non-negative' if low == 0 else 'positive'} integer ({BY_NAME[name].meaning})")
-    return array
+    bad = (array < low) | (array > MAX_VALUE)
+    if array.size and bad.any():
+        row = int(np.argmax(bad))
+        raise SymparamError(f"sweep: row {row}: {name} = {shown(str(array[row]))}: expected a {'non-negative' if low == 0 else 'positive'} integer "
+                            f"of at most {MAX_VALUE:,} ({BY_NAME[name].meaning})")
+    return array.astype(np.int64)
 
 
 def _full(value: Any, size: int) -> np.ndarray:
@@ -475,7 +506,7 @@ def check(model: Model, values: Mapping[str, np.ndarray], used: set[str]) -> Non
                 held = np.broadcast_to(np.asarray(rule(columns.get), dtype=bool), (len(next(iter(values.values()))),))
             except (SymparamError, ValueError):  # and/or and chained comparisons need one row at a time
                 held = np.array([bool(rule(lambda k, i=i: columns[k][i])) for i in range(len(next(iter(values.values()))))])
-            refuse(~held, lambda i: message.format(**{name: int(c[i]) for name, c in columns.items()}))
+            refuse(~held, lambda i: message_text(message, {name: int(c[i]) for name, c in columns.items()}))
     for name in set(model.recipe.layer_symbols) & used & set(values):
         if "N" in values:
             layers, counted = values["N"], values[name]
@@ -488,11 +519,21 @@ def check(model: Model, values: Mapping[str, np.ndarray], used: set[str]) -> Non
 
 
 def _counts(model: Model, values: Mapping[str, np.ndarray], on_overflow: str) -> dict[str, np.ndarray | None]:
-    """Total and active per row; active is None where it needs a symbol no row gives (k of a config without it)."""
+    """Total and active per row; active is None where it needs a symbol no row gives (k of a config without it). A row
+    whose values contradict each other into a negative count is an error (checked rows never do: the last guard, as in
+    Model.count)."""
     total = evaluate(compile_count(model.total), values, on_overflow)
     if {str(s) for s in model.active.free_symbols} - set(values):
-        return {"total": total, "active": None}
-    active = total if model.active == model.total else evaluate(compile_count(model.active), values, on_overflow)
+        active = None
+    else:
+        active = total if model.active == model.total else evaluate(compile_count(model.active), values, on_overflow)
+    for name, column in (("total", total), ("active", active)):
+        if column is None:
+            continue
+        below = np.asarray(column < 0, dtype=bool)
+        if below.any():
+            row = int(np.argmax(below))
+            raise SymparamError(f"sweep: row {row}: {name} is {int(column[row]):,}; its values contradict each other (a layer count above N?)")
     return {"total": total, "active": active}
 
 
@@ -565,20 +606,28 @@ def _distinct(keys: list[np.ndarray], size: int) -> tuple[list[int], np.ndarray]
 
 
 def grid(specs: Mapping[str, str]) -> dict[str, np.ndarray]:
-    """Columns for every combination of `symbol -> "a:b:step"` (b included) or `"x,y,z"`."""
-    axes = {}
+    """Columns for every combination of `symbol -> "a:b:step"` (b included) or `"x,y,z"`; at most MAX_ROWS of them,
+    counted before anything is made."""
+    axes: dict[str, Sequence[int]] = {}
     for name, spec in specs.items():
         lookup(name)
         try:
             if ":" in spec:
                 start, stop, *step = (int(x) for x in spec.split(":"))
-                axes[name] = list(range(start, stop + 1, step[0] if step else 1))
+                axes[name] = range(start, stop + 1, step[0] if step else 1)
             else:
                 axes[name] = [int(x) for x in spec.split(",")]
         except ValueError:
-            raise SymparamError(f"--grid {name}={spec}: expected START:STOP[:STEP] or a,b,c of integers") from None
+            raise SymparamError(f"--grid {name}={shown(spec)}: expected START:STOP[:STEP] or a,b,c of integers (a step other than 0)") from None
         if not axes[name]:
-            raise SymparamError(f"--grid {name}={spec}: no values")
+            raise SymparamError(f"--grid {name}={shown(spec)}: no values")
+        values = axes[name]
+        low, high = (min(values), max(values)) if isinstance(values, list) else sorted((values[0], values[-1]))  # a range's ends, not its items
+        if low < 0 or high > MAX_VALUE:
+            raise SymparamError(f"--grid {name}={shown(spec)}: values from 0 to {MAX_VALUE:,}")
+    rows = math.prod(len(a) for a in axes.values())
+    if rows > MAX_ROWS:
+        raise SymparamError(f"--grid: {rows:,} combinations; a sweep takes at most {MAX_ROWS:,} rows (split the grid)")
     mesh = np.meshgrid(*[np.array(v, dtype=np.int64) for v in axes.values()], indexing="ij")
     return {name: m.ravel() for name, m in zip(axes, mesh)}
 
@@ -620,14 +669,17 @@ def sensitivity_text(items: list[Sensitivity], formulas: Mapping[str, sp.Expr]) 
 def read_csv(path: str) -> dict[str, np.ndarray]:
     """A CSV with a header of symbol names and integer rows, as columns (exact Python ints beyond int64)."""
     import csv
+    import io
 
+    text = read_text(path, MAX_CSV, "CSV file")
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-    except FileNotFoundError:
-        raise SymparamError(f"{path}: no such file") from None
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise SymparamError(f"{shown(path)}: not a CSV file ({e})") from None
     if not rows:
-        raise SymparamError(f"{path}: empty CSV; expected a header of symbol names")
+        raise SymparamError(f"{shown(path)}: empty CSV; expected a header of symbol names")
+    if len(rows) - 1 > MAX_ROWS:
+        raise SymparamError(f"{shown(path)}: {len(rows) - 1:,} rows; a sweep takes at most {MAX_ROWS:,}")
     header, body = [h.strip() for h in rows[0]], [r for r in rows[1:] if r]
     for name in header:
         lookup(name)
@@ -636,7 +688,7 @@ def read_csv(path: str) -> dict[str, np.ndarray]:
         try:
             columns[name] = [int(r[i]) for r in body]
         except (ValueError, IndexError):
-            raise SymparamError(f"{path}: column {name}: every row needs an integer") from None
+            raise SymparamError(f"{shown(path)}: column {name}: every row needs an integer") from None
     return columns
 
 

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from symparam import hub
+from symparam.config import MAX_CONFIG
 from symparam.errors import SymparamError
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -32,6 +34,7 @@ MAIN, V1 = "1" * 40, "2" * 40  # commits: every repo's main, and tiny/llama's br
 # Tiny random models; embeddings of 2048 x 64 floats make the tensor data of each file far larger than its header.
 DIMS = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, pad_token_id=0)
+DRIP = 1.0  # seconds between the bytes of a file that drips: each read is quick, the whole transfer never ends
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 GPT2 = dict(vocab_size=2048, n_embd=64, n_layer=2, n_head=4, n_positions=32)
 
@@ -64,6 +67,8 @@ class Repo:
     refs: dict[str, str] = field(default_factory=lambda: {"main": MAIN})
     gated: bool = False
     drop: set[str] = field(default_factory=set)  # files whose download is cut off after 20 bytes
+    drip: set[str] = field(default_factory=set)  # files sent a byte every DRIP seconds, headers first
+    loop: bool = False  # every file redirects to itself
 
 
 @dataclass
@@ -113,6 +118,8 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/cdn/") and path[5:] in self.server.blobs:
             data, cut = self.server.blobs[path[5:]]
             return self.send(data, body, {}, cut)
+        if path.startswith("/loop/"):  # a URL that redirects to itself
+            return self.status(302, {"Location": path, "Content-Length": "0"})
         m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if m is None:
             return self.error(404, None, "Not found")
@@ -123,12 +130,16 @@ class Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization")
         if repo.gated and auth != f"Bearer {TOKEN}":
             return self.error(403 if auth else 401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it.")
+        if repo.loop:
+            return self.status(302, {"Location": path, "Content-Length": "0"})
         commit = repo.refs.get(revision, revision if revision in repo.trees else None)
         if commit is None:
             return self.error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
         data = repo.trees[commit].get(name)
         if data is None:
             return self.error(404, "EntryNotFound", f"{name} does not exist on {revision!r}", commit)
+        if name in repo.drip:
+            return self.drip(data, body, {"X-Repo-Commit": commit, "ETag": f'"{hashlib.sha1(data).hexdigest()}"'})
         if not name.endswith(".safetensors"):
             blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
             return self.send(data, body, {"ETag": f'"{blob}"', "X-Repo-Commit": commit}, name in repo.drop)
@@ -152,6 +163,20 @@ class Handler(BaseHTTPRequestHandler):
         self.status(code, headers)
         if self.command == "GET":
             self.wfile.write(text)
+
+    def drip(self, data: bytes, body: bool, headers: dict[str, str]) -> None:
+        """The whole file, honestly labelled, one byte every DRIP seconds (a Range is ignored: 200 with everything)."""
+        self.status(200, {**headers, "Content-Length": str(len(data))})
+        if not body:
+            return
+        try:
+            for byte in data:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                self.request_log.sent += 1
+                time.sleep(DRIP)
+        except OSError:  # the client gave up
+            self.close_connection = True
 
     def send(self, data: bytes, body: bool, headers: dict[str, str], cut: bool = False) -> None:
         start, stop, code = 0, len(data), 200
@@ -200,6 +225,13 @@ def start(root: Path) -> Hub:
         "broken/no-weights": Repo({MAIN: broken}),
         "broken/no-config": Repo({MAIN: {"model.safetensors": llama["model.safetensors"]}}),
         "broken/config-drop": Repo({MAIN: llama}, drop={"config.json"}),
+        "slow/config": Repo({MAIN: llama}, drip={"config.json"}),
+        "slow/weights": Repo({MAIN: llama}, drip={"model.safetensors"}),
+        "loop/redirect": Repo({MAIN: llama}, loop=True),
+        "bad/not-json": Repo({MAIN: {"config.json": b"{not json"}}),
+        "bad/digits": Repo({MAIN: {"config.json": b'{"model_type": "llama", "hidden_size": ' + b"9" * 5000 + b"}"}}),
+        "bad/array": Repo({MAIN: {"config.json": b"[1, 2, 3]"}}),
+        "bad/huge": Repo({MAIN: {"config.json": b"{" + b" " * MAX_CONFIG + b"}"}}),
     }
     server.counts, server.root = counts, root
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -298,7 +330,7 @@ def test_cache_hit_reads_no_network_and_loads_no_huggingface_hub(hf):
     assert code == 0 and out.splitlines()[1] == f"Config: cached/llama at revision main (commit {MAIN}), read from the local Hugging Face cache: {path}."
     assert hf.paths() == []  # no request reached the server
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "symparam.cli", "count", "--model", "cached/llama"],
-                          capture_output=True, text=True, env=hf.env(), timeout=120)
+                          capture_output=True, text=True, env=hf.env(), timeout=int(os.environ.get("HUBTRY_TIMEOUT", "120")))
     assert proc.returncode == 0 and "huggingface_hub" not in proc.stderr and "sympy" in proc.stderr  # the cold path stays offline
 
 
@@ -341,10 +373,11 @@ def test_download_fetches_only_config_json_then_reads_the_cache(hf):
     assert code == 0 and err == "" and data["total"] == hf.server.counts["llama"]
     path = hf.cache / "models--tiny--llama" / "snapshots" / MAIN / "config.json"
     assert data["source"] == {"kind": "download", "hub": "tiny/llama", "revision": "main", "commit": MAIN, "path": str(path), "endpoint": hf.server.url}
-    assert hf.paths() == ["HEAD /tiny/llama/resolve/main/config.json", "GET /tiny/llama/resolve/main/config.json"]  # no telemetry, no other file
+    head, get = "HEAD /tiny/llama/resolve/main/config.json", "GET /tiny/llama/resolve/main/config.json"
+    assert hf.paths() == [head, head, get]  # its size first (too large is refused unread), then the file; no telemetry, no other file
     assert (hf.cache / "models--tiny--llama" / "refs" / "main").read_text() == MAIN
     code, out, _ = hf.run("count", "--model", "tiny/llama", HF_HUB_OFFLINE="1")
-    assert code == 0 and "read from the local Hugging Face cache" in out and len(hf.server.log) == 2  # the second run is offline
+    assert code == 0 and "read from the local Hugging Face cache" in out and len(hf.server.log) == 3  # the second run is offline
 
 
 def test_download_of_a_revision_and_its_note(hf):
@@ -465,6 +498,40 @@ def test_a_config_cut_off_mid_download_is_not_cached(hf):
     assert "broken/config-drop: not in the Hugging Face cache" in one_error(*hf.run("count", "--model", "broken/config-drop", HF_HUB_OFFLINE="1"))
 
 
+def cached_files(hf: Env) -> list[str]:
+    """What the cache holds beyond huggingface_hub's records (refs, .no_exist): blobs, parts of them, snapshots."""
+    return [p for p in hf.written() if "/blobs/" in p or "/snapshots/" in p or "incomplete" in p]
+
+
+SLOW = {"SYMPARAM_TRANSFER_TIMEOUT": "2"}  # the server drips a byte a second (DRIP): each read is quick, no transfer ends
+
+
+@pytest.mark.parametrize(("argv", "env", "says"), [
+    (["count", "--model", "bad/not-json"], {}, "config.json: not valid JSON (Expecting property name"),
+    (["count", "--model", "bad/digits"], {}, "config.json: a number of 5,000 digits, more than Python reads"),
+    (["count", "--model", "bad/array"], {}, "config.json: expected a JSON object, got list"),
+    (["count", "--model", "bad/huge"], {}, f"bad/huge config.json (revision main, 127.0.0.1"),
+    (["count", "--model", "slow/config"], SLOW, "slow/config config.json (revision main, 127.0.0.1"),
+    (["count", "--model", "loop/redirect"], {}, "the server redirects in a loop"),
+    (["verify", "--model", "slow/weights", "--remote"], SLOW, "slow/weights: the safetensors headers: no complete answer within 2 s (SYMPARAM_TRANSFER_TIMEOUT)"),
+    (["verify", "--model", "tiny/llama", "--remote", "{url}/loop/model.safetensors"], {}, "/loop/model.safetensors: the server redirects in a loop"),
+    (["count", "--model", "-org/name"], {}, "model: '-org/name' is not a Hub id"),
+    (["count", "--model", "slow/config"], {"SYMPARAM_TRANSFER_TIMEOUT": "soon"}, "SYMPARAM_TRANSFER_TIMEOUT: expected a positive number of seconds, got 'soon'"),
+])
+def test_a_refused_slow_or_looping_download_is_one_line_and_caches_nothing(hf, argv, env, says):
+    err = one_error(*hf.run(*[a.format(url=hf.server.url) for a in argv], **env))
+    assert says in err
+    assert [p for p in cached_files(hf) if "tiny--llama" not in p and "slow--weights" not in p] == []  # nothing of the refused file
+    if argv[-1] in ("bad/not-json", "slow/config"):  # nothing in the cache for the next run to read
+        assert "not in the Hugging Face cache" in one_error(*hf.run(*argv, HF_HUB_OFFLINE="1"))
+
+
+def test_a_config_too_large_is_refused_before_it_is_fetched(hf):
+    err = one_error(*hf.run("count", "--model", "bad/huge"))
+    assert f"{MAX_CONFIG + 2:,} bytes, too large for a config.json (at most {MAX_CONFIG:,})" in err
+    assert hf.paths() == ["HEAD /bad/huge/resolve/main/config.json"]  # its size, then nothing
+
+
 def test_unknown_id_offline_says_how_to_get_it(hf):
     err = one_error(*hf.run("count", "--model", "nobody/nothing", HF_HUB_OFFLINE="1"))
     assert str(hf.cache) in err and "hf download nobody/nothing config.json" in err and "unset it" in err
@@ -480,7 +547,7 @@ def test_without_huggingface_hub_it_says_how_to_install(hf):
     script = "import sys; sys.modules['huggingface_hub'] = None; from symparam.cli import main; sys.exit(main(sys.argv[1:]))"
     for argv, says in [(["count", "--model", "tiny/llama"], "to download its config.json, install huggingface_hub: pip install 'symparam[hub]'"),
                        (["verify", "--model", "qwen3-8b", "--remote"], "verify --remote: to read safetensors headers over HTTP, install huggingface_hub")]:
-        proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=hf.env(), timeout=120)
+        proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=hf.env(), timeout=int(os.environ.get("HUBTRY_TIMEOUT", "120")))
         assert says in one_error(proc.returncode, proc.stdout, proc.stderr)
     assert hf.paths() == []
 

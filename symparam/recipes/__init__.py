@@ -23,10 +23,14 @@ import sympy as sp
 
 from symparam import components as c
 from symparam.errors import SymparamError
-from symparam.rules import Rule, compile_rule
+from symparam.files import MAX_NESTING, nesting, read_text, shown
+from symparam.rules import Rule, compile_rule, message_fields
 from symparam.symbols import TABLE, SymbolDef, define, make, parse
 
 LIBRARY = "_library.toml"
+MAX_RECIPE = 2**20  # bytes of a recipe file read at most (the largest built-in one is 17 kB)
+MAX_TERMS = 10_000  # modules and tensors a recipe's tree may expand to (the largest built-in one has 134)
+MAX_BLOCK_DEPTH = 32  # blocks inside blocks (the deepest built-in recipe nests 8)
 ROOT = "causal_lm"  # the block a model is built from
 TOP_LEVEL = {"family", "title", "model_types", "architectures", "summary", "extends", "defaults", "symbols",
              "switches", "blocks", "lists", "checks", "names", "zh", "checkpoint", "functions"}
@@ -157,7 +161,7 @@ def truthy(value: Any, key: str, default: Any = None) -> bool:
     import json
 
     if isinstance(default, bool) and not isinstance(value, bool):
-        raise SymparamError(f"{key}: expected true or false, got {json.dumps(value)}")
+        raise SymparamError(f"{key}: expected true or false, got {shown(json.dumps(value))}")
     if value is None or isinstance(value, bool):
         return bool(value)
     if isinstance(value, int) and value >= 0:
@@ -557,14 +561,26 @@ def _validate(recipe: Recipe) -> None:
 
 
 def _acyclic(recipe: Recipe) -> None:
-    def uses(block: Block) -> set[str]:
-        return {e.block for _, spec in block.entries for e in (spec if isinstance(spec, tuple) else (spec,)) if e.block}
+    """No block includes itself, and the tree the root expands to stays small: at most MAX_BLOCK_DEPTH blocks deep and
+    MAX_TERMS modules and tensors (a block used twice counts twice), counted once per block, before anything is built."""
+    terms: dict[str, int] = {}
 
-    def visit(name: str, trail: tuple[str, ...]) -> None:
+    def uses(block: Block) -> list[str | None]:
+        return [e.block for _, spec in block.entries for e in (spec if isinstance(spec, tuple) else (spec,))]
+
+    def visit(name: str, trail: tuple[str, ...]) -> int:
         if name in trail:
             raise SymparamError(f"{recipe.source}: block {name!r} includes itself: {' -> '.join(trail + (name,))}")
-        for sub in sorted(uses(recipe.blocks[name])):
-            visit(sub, trail + (name,))
+        if len(trail) >= MAX_BLOCK_DEPTH:
+            raise SymparamError(f"{recipe.source}: blocks nested more than {MAX_BLOCK_DEPTH} deep: {' -> '.join(trail[:3])} -> ... -> {name}")
+        if name not in terms:
+            total = 1
+            for sub in uses(recipe.blocks[name]):
+                total += visit(sub, trail + (name,)) if sub else 1
+                if total > MAX_TERMS:
+                    raise SymparamError(f"{recipe.source}: [blocks.{name}] expands to more than {MAX_TERMS:,} modules and tensors")
+            terms[name] = total
+        return terms[name]
 
     visit(ROOT, ())
 
@@ -584,18 +600,19 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
             raise SymparamError(f"{source}: [switches] {name}: expected true, false, a config key or a rule, got {value!r}")
         switches[name] = compile_rule(value, f"{source}: [switches] {name}")
     blocks = {name: _block(name, table, source, set(switches)) for name, table in _table(full, "blocks", source).items()}
+    symbols = _symbols(full, source)
     recipe = Recipe(
         family=str(full["family"]),
         title=str(full.get("title", full["family"])),
         model_types=_strings(full["model_types"], f"{source}: model_types"),
         summary=str(full.get("summary", "")),
-        symbols=_symbols(full, source),
+        symbols=symbols,
         switches=switches,
         blocks=blocks,
         defaults=dict(_table(full, "defaults", source)),
         architectures=_strings(full.get("architectures", []), f"{source}: architectures"),
         lists=_lists(full, source),
-        checks={str(k): str(v) for k, v in _table(full, "checks", source).items() if v is not False},  # false removes an inherited check
+        checks=_checks(full, source, set(symbols)),
         names=_names(source, full.get("names", {})),
         zh={str(k): str(v) for k, v in _table(full, "zh", source).items()},
         functions=_functions(full, source),
@@ -606,6 +623,22 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
     return recipe
 
 
+def _checks(data: dict[str, Any], source: str, symbols: set[str]) -> dict[str, str]:
+    """[checks]: rule -> the message shown when it fails, whose only fields are {symbol}s."""
+    out = {}
+    for rule, message in _table(data, "checks", source).items():
+        where = f"{source}: [checks] {rule!r}"
+        if message is False:  # false removes an inherited check
+            continue
+        if not isinstance(message, str):
+            raise SymparamError(f"{where}: expected a message, got {message!r}")
+        for name in message_fields(message, where):
+            if name not in symbols:
+                raise SymparamError(f"{where}: the message's field {{{name}}} is not a symbol")
+        out[str(rule)] = message
+    return out
+
+
 def _functions(data: dict[str, Any], source: str) -> dict[str, str]:
     """[functions]: programs the blocks' forwards call by name (rotate_half, repeat_kv, an attention kernel's wrapper)."""
     table = _table(data, "functions", source)
@@ -613,6 +646,8 @@ def _functions(data: dict[str, Any], source: str) -> dict[str, str]:
         if not isinstance(text, str):
             raise SymparamError(f"{source}: [functions] {name}: expected a program (def {name}(...): ...)")
     return dict(table)
+
+
 def _checkpoint(data: dict[str, Any], source: str) -> dict[str, dict[str, str]]:
     """[checkpoint]: name -> { block, times (copies), path (where the checkpoint keeps it), what (words) }."""
     out = {}
@@ -659,9 +694,13 @@ def _names(source: str, names: Any) -> dict[str, dict[str, str]]:
 
 def read_toml(text: str, source: str) -> dict[str, Any]:
     try:
-        return tomllib.loads(text)
+        return nesting(tomllib.loads(text), source)
     except tomllib.TOMLDecodeError as e:
         raise SymparamError(f"{source}: not valid TOML ({e})") from None
+    except RecursionError:
+        raise SymparamError(f"{source}: nested more than {MAX_NESTING} levels deep") from None
+    except ValueError as e:  # an integer of more digits than Python reads
+        raise SymparamError(f"{source}: not valid TOML ({str(e).split(':')[0]})") from None
 
 
 def library() -> dict[str, Any]:
@@ -671,15 +710,8 @@ def library() -> dict[str, Any]:
 
 def load_recipe(path: str | Path) -> Recipe:
     """A recipe from a TOML file a user wrote (it may extend a built-in family)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise SymparamError(f"{path}: no such recipe file") from None
-    except (UnicodeDecodeError, IsADirectoryError, PermissionError) as e:
-        raise SymparamError(f"{path}: cannot read ({e.__class__.__name__})") from None
-    data = read_toml(text, str(path))
-    return parse_recipe(data, str(path), REGISTRY.base_of(data, str(path)))
+    data = read_toml(read_text(path, MAX_RECIPE, "recipe"), shown(path))
+    return parse_recipe(data, shown(path), REGISTRY.base_of(data, shown(path)))
 
 
 class Registry:
