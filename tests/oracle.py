@@ -224,8 +224,26 @@ def oracle(config: dict[str, Any], **routing_hints: str) -> Oracle:
     return classic_oracle(config) if config["model_type"] == "classic" else hf_oracle(config, **routing_hints)
 
 
+def to_nf4(model: nn.Module) -> nn.Module:
+    """The model with every nn.Linear but its output embeddings replaced by bitsandbytes' Linear4bit (NF4, quantized
+    from its weights on CPU), as transformers' BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4") loads it."""
+    import bitsandbytes as bnb
+
+    head = model.get_output_embeddings()
+    for name, module in list(model.named_modules()):
+        for key, child in list(module.named_children()):
+            if isinstance(child, nn.Linear) and child is not head:
+                layer = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                          compute_dtype=child.weight.dtype, quant_type="nf4")
+                layer.weight = bnb.nn.Params4bit(child.weight.data.float(), requires_grad=False, quant_type="nf4", compress_statistics=False).to("cpu")
+                if child.bias is not None:
+                    layer.bias = nn.Parameter(child.bias.data, requires_grad=False)
+                setattr(module, key, layer)
+    return model
+
+
 @functools.cache
-def trained_model(config_json: str, dtype: str, lora_json: str = "null") -> nn.Module:
+def trained_model(config_json: str, dtype: str, lora_json: str = "null", nf4: bool = False) -> nn.Module:
     """The tiny random transformers model of a config on CPU, built in `dtype` as from_pretrained(dtype=...) builds it
     (modules transformers keeps in float32 stay so), in training mode, once; with peft's LoRA adapters where
     `lora_json` gives a LoraConfig's arguments."""
@@ -234,6 +252,8 @@ def trained_model(config_json: str, dtype: str, lora_json: str = "null") -> nn.M
     torch.manual_seed(0)
     cfg = hf_config(json.loads(config_json))
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
+    if nf4:
+        model = to_nf4(model)
     lora = json.loads(lora_json)
     if lora is not None:
         from peft import LoraConfig, get_peft_model
@@ -252,7 +272,8 @@ def peft_name(name: str) -> str:
 
 
 def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "sdpa", checkpointing: bool = False,
-                batch: int = 2, seq: int = 5, modules: set[str] | None = None, lora: dict[str, Any] | None = None) -> dict[str, int]:
+                batch: int = 2, seq: int = 5, modules: set[str] | None = None, lora: dict[str, Any] | None = None,
+                nf4: bool = False) -> dict[str, int]:
     """What autograd keeps for backward in one training forward with the loss of the tiny random transformers model of
     `config` on CPU: bytes of every storage a `saved_tensors_hooks` pack hook sees, once, parameters and buffers
     excluded, attributed to the module whose forward allocated it (layer indices left out; folded up to the nearest of
@@ -260,7 +281,7 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True))
+    model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True), nf4)
     model.set_attn_implementation(attention)
     if checkpointing:
         model.gradient_checkpointing_enable()
@@ -314,7 +335,7 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
 
 
 def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf16", batch: int = 1, seq: int = 2048,
-              checkpointing: bool = False, fake: bool = True, lora: dict[str, Any] | None = None) -> tuple[int, str]:
+              checkpointing: bool = False, fake: bool = True, lora: dict[str, Any] | None = None, nf4: bool = False) -> tuple[int, str]:
     """The most live tensor bytes at any moment of the second training step of a transformers model (forward with the
     loss, backward, optimizer.step(), zero_grad(set_to_none=True), the outputs dropped), measured by a dispatch mode that
     follows every storage until it is freed; on the meta device (full size without memory: every operation computes
@@ -368,6 +389,8 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
         with torch.device("meta") if fake else contextlib.nullcontext():
             torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+            if nf4:  # bitsandbytes' 4-bit layers hold their quantization state as tensor attributes: followed too
+                model = to_nf4(model)
             if lora is not None:
                 from peft import LoraConfig, get_peft_model
 
@@ -387,7 +410,8 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
             if checkpointing:
                 model.gradient_checkpointing_enable()
             buffers = sum(b.untyped_storage().nbytes() for b in model.buffers())
-            for t in [*model.parameters(), *model.buffers()]:  # built before the tracker starts (peft moves tensors it would follow)
+            states = [t for m in model.modules() for t in getattr(getattr(getattr(m, "weight", None), "quant_state", None), "__dict__", {}).values() if torch.is_tensor(t)]
+            for t in [*model.parameters(), *model.buffers(), *states]:  # built before the tracker starts (peft moves tensors it would follow)
                 live.follow(t, "build")
             with live:
                 opt = make([p for p in model.parameters() if p.requires_grad])

@@ -14,7 +14,8 @@ import sympy as sp
 
 import symparam
 from symparam.cli import main
-from symparam.components import leaves
+from symparam.components import leaves, walk
+from symparam.memory.activations import activations
 from symparam.config import as_subs
 from symparam.memory.lora import Lora, adapt, trainable
 from symparam.memory.trace import Mode
@@ -22,7 +23,7 @@ from symparam.memory.training import optimizer, training
 from symparam.symbols import B, S, evaluate
 
 from families import tiny_config
-from oracle import lora_trainable, step_peak
+from oracle import lora_trainable, saved_bytes, step_peak
 from test_activations import compare
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -124,3 +125,21 @@ def test_lora_bad_input(argv, field, capsys) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and field in err
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe"])
+def test_qlora_step_equals_a_real_run(family: str, tmp_path, capsys) -> None:
+    """QLoRA: the base in bitsandbytes' NF4 on CPU (its packed weights and quantization state, the fused experts left
+    unquantized as transformers 5 loads them), LoRA adapters on top: the step's peak, the adapters' activations."""
+    config = tiny_config(family)
+    lora = peft_config(("q_proj", "v_proj"), False)
+    found, where = step_peak(config, "adamw", "bf16", 2, 9, fake=False, lora=lora, nf4=True)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main(["memory", "--config", str(path), "--train", "--seq", "9", "--batch", "2", "--lora", "4", "--quant", "nf4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["training"]["peak_bytes"] == found, where
+    model = adapted(family, ("q_proj", "v_proj"), False)
+    tree = {p for node, _, _, p in walk(model.tree) if not node.is_leaf}
+    formulas = activations(model, Mode(trainable=trainable), "none", {B: 2, S: 5}).by_module()
+    mine = {k: v for k, v in ((n, int(e.xreplace({**as_subs(model.values), B: 2, S: 5}))) for n, e in formulas.items()) if v}
+    assert mine == saved_bytes(config, "bf16", "sdpa", False, 2, 5, modules=tree, lora=lora, nf4=True)

@@ -141,13 +141,14 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
         "kv_cache": kv,
         "state": state,
         "stored": stored,
-        **(step_report(model, t.name, subs, train) if train is not None else {}),
+        **(step_report(model, t.name, subs, train, layout) if train is not None else {}),
         "units": "GB = 10^9 bytes, GiB = 2^30 bytes",
     }
 
 
-def step_report(model: Model, dtype_name: str, subs: dict, train: Train) -> dict[str, Any]:
-    """The training step's figures (training.py): activations per module, the terms, and the peak, each with its formula."""
+def step_report(model: Model, dtype_name: str, subs: dict, train: Train, layout: Any = None) -> dict[str, Any]:
+    """The training step's figures (training.py): activations per module, the terms, and the peak, each with its formula.
+    With LoRA and a stored layout (--quant nf4: QLoRA), the frozen base is held in that format."""
     from symparam.memory.activations import CHECKPOINTING
     from symparam.memory.trace import Mode
     from symparam.memory.training import optimizer, training
@@ -161,14 +162,18 @@ def step_report(model: Model, dtype_name: str, subs: dict, train: Train) -> dict
     opt = optimizer(train.optimizer)
     lora = bool(adapted(model))
     mode = Mode(act=dtype_name, attention=train.attention, trainable=adapter if lora else None)
-    step = training(model, opt, mode, train.checkpointing, {B: subs[B], S: subs[S]})
+    if layout is not None and not lora:
+        raise SymparamError("--quant: a training step updates every weight in its own dtype; a quantized base trains only with adapters (--lora R: QLoRA)")
+    held = layout.resident if layout is not None else None
+    step = training(model, opt, mode, train.checkpointing, {B: subs[B], S: subs[S]}, held)
 
     def exact(expr: sp.Expr) -> int:
         return evaluate(expr, subs, f"{model.name}: {expr}")
 
     a = step.activations
     mode = (f"{step.act} weights and activations, attn_implementation={train.attention}, use_cache={'off' if train.checkpointing != 'none' else bool(model.config.get('use_cache'))}"
-            + ("; LoRA: only the adapters train (float32, peft's autocast_adapter_dtype), the base frozen" if lora else ""))
+            + ("; LoRA: only the adapters train (float32, peft's autocast_adapter_dtype), the base frozen" if lora else "")
+            + (f" and held as {layout.title} (bitsandbytes' 4-bit matmul keeps only its packed weight for backward)" if layout is not None else ""))
     activations = {
         **sizes(exact(a.formula)),
         "formula": str(a.formula),

@@ -9,7 +9,7 @@ import re
 import string
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -41,6 +41,8 @@ class Part:
     copies: sp.Expr
     bytes: sp.Expr  # per copy
     extra: str = ""  # what the checkpoint stores beyond the model transformers builds, where this part is such
+    resident: bool = True  # held in memory once loaded (false: metadata only the file holds, bitsandbytes' JSON quant_state)
+    stored: bool = True  # in the file (false: only in memory: fused experts transformers 5 loads unquantized)
 
     @property
     def total(self) -> sp.Expr:
@@ -63,7 +65,12 @@ class Stored:
     @property
     def total(self) -> sp.Expr:
         """Bytes the checkpoint stores, summed over every part: copies x bytes per copy."""
-        return sp.Add(*(p.total for p in self.parts))
+        return sp.Add(*(p.total for p in self.parts if p.stored))
+
+    @property
+    def resident(self) -> sp.Expr:
+        """Bytes the loaded model holds in memory in this format: the stored parts but the file's own metadata."""
+        return sp.Add(*(p.total for p in self.parts if p.resident))
 
     @property
     def extras(self) -> sp.Expr:
@@ -71,7 +78,7 @@ class Stored:
 
     def tensors(self) -> sp.Expr:
         """How many tensors the checkpoint holds: every part's copies."""
-        return sp.Add(*(p.copies for p in self.parts))
+        return sp.Add(*(p.copies for p in self.parts if p.stored))
 
     def report(self, values: Mapping[str, int]) -> dict[str, Any]:
         """The layout at a config's values: exact bytes and tensor count, with formulas; parts and kept modules listed."""
@@ -84,7 +91,7 @@ class Stored:
             "per_matrix": str(self.per_matrix) if self.per_matrix is not None else None,
             "tensors": [{"name": p.name, "stores": p.stores, "dtype": p.dtype, "shape": [str(s) for s in p.shape], "dims": [exact(s) for s in p.shape],
                          "copies": str(p.copies), "count": exact(p.copies), "bytes_per_copy": str(p.bytes), "bytes": exact(p.total),
-                         **({"extra": p.extra} if p.extra else {})} for p in self.parts if exact(p.copies)],
+                         **({"extra": p.extra} if p.extra else {})} for p in self.parts if exact(p.copies) and p.stored],
             "kept": [{"why": why, "tensors": list(names)} for why, names in self.kept],
             "notes": list(self.notes),
         }
@@ -267,7 +274,7 @@ class Reader:
             if dtype not in DTYPE_BYTES:
                 raise SymparamError(f"formats.toml {self.f.name}: dtype {dtype!r} is not a safetensors dtype")
             shape = tuple(self.formula(s) for s in spec["shape"])
-            out.append({"name": spec["name"], "dtype": dtype, "shape": shape, "bytes": sp.Mul(*shape) * DTYPE_BYTES[dtype]})
+            out.append({"name": spec["name"], "dtype": dtype, "shape": shape, "bytes": sp.Mul(*shape) * DTYPE_BYTES[dtype], "resident": spec.get("resident", True)})
         return out
 
     def require(self, d_out: int, d_in: int, tensor: str) -> None:
@@ -428,6 +435,10 @@ def build(model: Model, reader: Reader) -> Stored:
         decisions = [(leaf, reason(leaf, reader, stack)) for leaf in leaves if not leaf.term.tied]
         packed = {leaf.module for leaf, why in decisions if why is None}
         for leaf, why in decisions:
+            if why is None and leaf.kind == "experts" and f.spec.get("loaded_experts") == "plain":  # packed in the file, not once loaded
+                parts.extend(replace(p, resident=False) for p in quantized(leaf, reader, specs, values, extra))
+                parts.append(replace(plain(leaf, reader.settings["dtype"], extra), stored=False))
+                continue
             if why is None:
                 parts.extend(quantized(leaf, reader, specs, values, extra))
                 continue
@@ -481,7 +492,7 @@ def quantized(leaf: Leaf, reader: Reader, specs: list[dict[str, Any]], values: M
             shape = tuple(s.xreplace(subs) for s in spec["shape"])
             name = reader.words(spec["name"], {"m": module})
             copies, prefix = (leaf.copies / leaf.experts, (leaf.experts,)) if fused else (leaf.copies, ())
-            out.append(Part(name, leaf.path, spec["dtype"], prefix + shape, copies, sp.Mul(*prefix) * spec["bytes"].xreplace(subs), extra))
+            out.append(Part(name, leaf.path, spec["dtype"], prefix + shape, copies, sp.Mul(*prefix) * spec["bytes"].xreplace(subs), extra, spec["resident"]))
     return out
 
 

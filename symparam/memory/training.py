@@ -150,8 +150,9 @@ def terms(model: Any, opt: Optimizer, act: str, trainable: Callable[[str], bool]
 
 
 def training(model: Any, opt: Optimizer, mode: Mode = Mode(), checkpointing: str = "none",
-             context: Mapping[sp.Symbol, int] | None = None) -> Step:
-    """Every term of a training step and its peak, for a model with values; `context` gives S and B for branches."""
+             context: Mapping[sp.Symbol, int] | None = None, weights: sp.Expr | None = None) -> Step:
+    """Every term of a training step and its peak, for a model with values; `context` gives S and B for branches;
+    `weights` the bytes of weights held in a quantized format (QLoRA's NF4 base), where not the parameters' own."""
     if model.values is None:
         raise SymparamError(f"{model.name}: a training step needs a config's values")
     act = opt.dtype(opt.weights, mode.act)
@@ -159,8 +160,8 @@ def training(model: Any, opt: Optimizer, mode: Mode = Mode(), checkpointing: str
     mode = Mode(act=act, attention=mode.attention, trainable=mode.trainable, use_cache=use_cache)
     t = trace(model, mode, context)
     act_kept = Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
-    weights, gradients, states, temporaries = terms(model, opt, act, mode.trainable)
-    return _moments(model, t, opt, act, weights, gradients, states, temporaries, act_kept)
+    own, gradients, states, temporaries = terms(model, opt, act, mode.trainable)
+    return _moments(model, t, opt, act, own if weights is None else weights, gradients, states, temporaries, act_kept)
 
 
 def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, gradients: sp.Expr, states: sp.Expr,
