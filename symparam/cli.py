@@ -272,12 +272,23 @@ def cmd_flops(args: argparse.Namespace) -> str:
     return json.dumps(report, indent=2) if args.json else flops.text(report)
 
 
+def add_shapes(parser: argparse.ArgumentParser) -> None:
+    add_source(parser)
+    add_context(parser, required=True)
+    parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences (default 1)")
+    parser.add_argument("--attention", default="eager", choices=("eager", "sdpa"), help="attention written out, scores and all (eager, the default), or sdpa's fused kernel")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32", "fp16"), help="the dtype the model runs in (default bf16)")
+    parser.add_argument("--train", action="store_true", help="mark the tensors autograd keeps for backward")
+
+
 def cmd_shapes(args: argparse.Namespace) -> str:
     from symparam import shapes
 
     model = model_from(args)
-    steps = shapes.report(model, args.seq)
-    return json.dumps({"name": model.name, "seq": args.seq, "steps": steps}, indent=2) if args.json else shapes.text(steps)
+    steps = shapes.report(model, args.seq, args.batch, args.attention, args.dtype)
+    if args.json:
+        return json.dumps({"name": model.name, "seq": args.seq, "batch": args.batch, "attention": args.attention, "steps": steps}, indent=2)
+    return shapes.text(steps, args.train)
 
 
 def cmd_plot(args: argparse.Namespace) -> str:
@@ -453,7 +464,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "list": ("families and presets", lambda p: None, cmd_list),
     "memory": ("weights, KV cache and training memory in bytes, GB and GiB", add_memory, cmd_memory),
     "flops": ("forward and training FLOPs per token", lambda p: (add_source(p), add_context(p)), cmd_flops),
-    "shapes": ("tensor shapes through one forward pass", lambda p: (add_source(p), add_context(p, required=True)), cmd_shapes),
+    "shapes": ("every tensor of one forward pass, in order, with its shape (--train: what backward keeps)", add_shapes, cmd_shapes),
     "plot": ("charts of the parameter distribution (a family's sizes, or one model)", add_plot, cmd_plot),
     "derive": ("step-by-step derivation as LaTeX, Markdown or HTML, English or Chinese", add_derive, cmd_derive),
     "docs": ("regenerate generated/ (or --check that it is current)", add_docs, cmd_docs),

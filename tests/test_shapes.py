@@ -54,44 +54,66 @@ def recorded(config: dict) -> tuple[dict[str, tuple], dict[str, tuple]]:
     return shapes, tuple(out.attentions[0].shape[1:])
 
 
+def outputs(steps: list[dict]) -> dict[str, dict]:
+    """The first output of each module's own matrix product (a Linear, Conv1D or embedding): what its hook sees."""
+    found: dict[str, dict] = {}
+    for step in steps:
+        if step["op"] in ("linear", "embedding", "conv1d"):
+            found.setdefault(step["name"], step)
+    return found
+
+
+def scores(steps: list[dict]) -> tuple:
+    """The first attention scores the walk writes out: a matmul of queries and keys, [B, h, S, S]."""
+    return next(tuple(s["shape"][1:]) for s in steps if s["op"] == "matmul" and s["shape"][-1] == s["shape"][-2] == SEQ)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_traced_module_matches_a_real_forward_pass(name):
-    seen, scores = recorded(CASES[name])
-    ours = {s["name"]: s for s in report(load(CASES[name]), SEQ)}
+    seen, attention = recorded(CASES[name])
+    steps = report(load(CASES[name]), SEQ)
+    ours = outputs(steps)
     checked = [step for step in ours if step in seen]
     for step in checked:
         mine, theirs = ours[step]["shape"], seen[step]
         assert (math.prod(mine[:-1]), mine[-1]) == theirs, (step, mine, theirs)
     assert len(checked) >= 6, (sorted(seen), sorted(ours))
-    traced_scores = [s["shape"] for step, s in ours.items() if step.endswith(" scores")]
-    assert tuple(traced_scores[0]) == scores
+    assert scores(steps) == attention
 
 
 def test_moe_and_mla_steps_are_present():
-    steps = {s["name"]: s for s in report(load("deepseek-v3"), 5)}
-    assert steps["model.layers.self_attn.kv_a_proj_with_mqa"]["shape"] == [5, 512 + 64]  # the MLA latent and the rotary key
+    steps = outputs(report(load("deepseek-v3"), 5))
+    assert steps["model.layers.self_attn.kv_a_proj_with_mqa"]["shape"] == [1, 5, 512 + 64]  # the MLA latent and the rotary key
     assert steps["model.layers.mlp.gate"]["shape"] == [5, 256]  # router logits
-    assert steps["model.layers.mlp.experts.gate_up_proj"]["shape"] == [5 * 8, 2 * 2048]  # S*k token-expert pairs
     assert steps["model.layers.mlp.gate_proj"]["layers"] == 3 and steps["model.layers.mlp.gate"]["layers"] == 58
+    grouped = [s for s in report(load("deepseek-v3"), 5) if s["op"] == "grouped_mm"]
+    assert grouped[0]["shape"] == [5 * 8, 2 * 2048]  # S*k token-expert pairs through the experts' gate and up projections
 
 
 def test_gpt2_walkthrough():
-    # the GPT-2 walkthrough of the source documents: 5 tokens -> [5, 768] -> 12 heads -> [5, 3072] -> logits
-    steps = {s["name"]: s for s in report(load("gpt2"), 5)}
-    assert steps["token ids"]["shape"] == [5]
-    assert steps["transformer.wte"]["shape"] == [5, 768]
-    assert steps["transformer.h.attn.c_attn"]["shape"] == [5, 3 * 768]
-    assert steps["transformer.h.attn scores"]["shape"] == [12, 5, 5]
-    assert steps["transformer.h.mlp.c_fc"]["shape"] == [5, 3072]
-    assert steps["transformer.h.mlp.c_fc"]["layers"] == 12
-    assert steps["lm_head"]["shape"] == [5, 50257]
+    # source document 004's walk of GPT-2: 5 tokens -> [5, 768] -> 12 heads of 64 -> scores per head [12, 5, 5] ->
+    # weighted values -> the heads concatenated back to [5, 768] -> [5, 3072] -> logits [5, 50257]
+    steps = report(load("gpt2"), 5)
+    shapes = [(s["op"], s["shape"]) for s in steps]
+    assert ("embedding", [1, 5, 768]) in shapes
+    assert ("view", [1, 5, 12, 64]) in shapes  # the per-head split
+    assert scores(steps) == (12, 5, 5)
+    assert ("matmul", [1, 12, 5, 64]) in shapes  # the weighted values per head
+    assert any(op in ("reshape", "view", "contiguous") and shape == [1, 5, 768] for op, shape in shapes[shapes.index(("matmul", [1, 12, 5, 64])):])
+    first = outputs(steps)
+    assert first["transformer.h.mlp.c_fc"]["shape"] == [1, 5, 3072] and first["transformer.h.mlp.c_fc"]["layers"] == 12
+    assert first["lm_head"]["shape"] == [1, 5, 50257]
+    heads = [i for i, (op, shape) in enumerate(shapes) if op == "view" and shape == [1, 5, 12, 64]]
+    assert heads[0] < [i for i, (op, _) in enumerate(shapes) if op == "matmul"][0]  # the split before the scores
 
 
-def test_cli_json(capsys):
+def test_cli_json_and_train(capsys):
     assert main(["shapes", "--model", "qwen3-8b", "--seq", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert all({"name", "shape"} <= set(step) for step in data["steps"])
-    assert next(s for s in data["steps"] if s["name"] == "model.layers.self_attn.k_proj")["shape"] == [3, 8 * 128]
+    assert all({"name", "op", "shape", "symbolic", "kept"} <= set(step) for step in data["steps"])
+    assert outputs(data["steps"])["model.layers.self_attn.k_proj"]["shape"] == [1, 3, 8 * 128]
+    assert main(["shapes", "--model", "qwen3-8b", "--seq", "3", "--train"]) == 0
+    assert "kept" in capsys.readouterr().out
 
 
 def test_trace_reads_the_switches_the_count_reads():
@@ -100,7 +122,3 @@ def test_trace_reads_the_switches_the_count_reads():
     names = [s["name"] for s in report(model, 3)]
     assert "model.layers.self_attn.q_proj" in names and not any("q_a_proj" in n for n in names)
     assert "r_q" not in {str(x) for x in model.total.free_symbols}
-    classic = load({"model_type": "classic", "vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-                    "learned_positions": True, "max_position_embeddings": 16})
-    names = [s["name"] for s in report(classic, 3)]
-    assert "pos" in names and "norm" not in names  # classic's final_norm defaults to false

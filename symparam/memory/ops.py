@@ -122,6 +122,7 @@ class Op:
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
     saves: range  # indices into Context.saved
+    copies: sp.Expr = ONE  # how many times it runs in one forward pass (the layers of its kind)
 
     @property
     def allocates(self) -> bool:

@@ -574,7 +574,7 @@ class Frame:
         for v in outputs:
             ctx.steps.append(Step(ctx.module, name, v.shape, v.dtype, ctx.copies, storage=v.storage))
         inputs = tuple(v for v in [*args, *kwargs.values()] if isinstance(v, Value))
-        ctx.ops.append(Op(name, ctx.module, inputs, outputs, range(start, len(ctx.saved))))
+        ctx.ops.append(Op(name, ctx.module, inputs, outputs, range(start, len(ctx.saved)), ctx.copies))
         return out
 
 
