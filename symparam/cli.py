@@ -424,6 +424,14 @@ def add_derive(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fragment", action="store_true", help="LaTeX without preamble, for \\input")
     parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of printing")
     add_quant(parser)
+    group = parser.add_argument_group("the training step's memory")
+    group.add_argument("--memory", action="store_true", help="derive the training step's memory too: activations per module, the step, its peak (--seq)")
+    group.add_argument("--seq", type=int, metavar="S", help="tokens per sequence (with --memory)")
+    group.add_argument("--batch", type=int, default=1, metavar="B", help="sequences (default 1)")
+    group.add_argument("--dtype", default="bf16", choices=("bf16", "fp32", "fp16"), help="the dtype the model trains in (default bf16)")
+    group.add_argument("--attention", default="sdpa", choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
+    group.add_argument("--checkpointing", default="none", choices=("none", "full"), help="activation checkpointing (default none)")
+    group.add_argument("--optimizer", default="adamw", metavar="NAME", help="optimizer convention (default adamw)")
 
 
 def cmd_derive(args: argparse.Namespace) -> str:
@@ -432,7 +440,13 @@ def cmd_derive(args: argparse.Namespace) -> str:
 
     given_values = args.model or args.config or args.sets
     model = model_from(args) if given_values else Model(source(args)[1])  # no values: purely symbolic
-    d = derive(model, args.quant)
+    if args.memory and args.seq is None:
+        raise SymparamError("--memory: give --seq S (and --batch B): the training step's activations grow with them")
+    if args.seq is not None and not args.memory:
+        raise SymparamError("--seq: describes the training step's memory; add --memory")
+    memory = {"seq": args.seq, "batch": args.batch, "dtype": args.dtype, "attention": args.attention,
+              "checkpointing": args.checkpointing, "optimizer_name": args.optimizer} if args.memory else None
+    d = derive(model, args.quant, memory)
     text = html(d, args.lang, args.brief) if args.format == "html" else render(d, args.format, args.lang, args.fragment, args.brief)
     if not args.output:
         return text.rstrip("\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -9,6 +11,7 @@ from fractions import Fraction
 import sympy as sp
 
 from symparam.components import ONE, ZERO, Term, leaves
+from symparam.errors import SymparamError
 from symparam.model import Count, Model
 from symparam.symbols import N, V, d, d_ff, evaluate, g, h, h_d, h_kv
 
@@ -208,6 +211,7 @@ class Derivation:
     meanings: dict[str, str]  # symbol name -> its meaning in this family
     translations: dict[str, dict[str, str]]  # language -> this family's own words (components, labels, notes, meanings)
     storage: Storage | None = None  # the stored layout, where the config carries a quantization_config or --quant names one
+    memory: Any = None  # the training step (memory.explain.MemoryDerivation), where --memory asks for it
 
     @property
     def moe(self) -> bool:
@@ -582,9 +586,10 @@ def storage(model: Model, quant: str | None) -> tuple[Storage | None, dict[str, 
     return found, ({layout.title: zh} if zh else {})
 
 
-def derive(model: Model, quant: str | None = None) -> Derivation:
+def derive(model: Model, quant: str | None = None, memory: dict[str, Any] | None = None) -> Derivation:
     """The derivation of a model: symbolic always, with numbers when the model has values; with the stored layout
-    where the config carries a quantization_config or `quant` names a format."""
+    where the config carries a quantization_config or `quant` names a format; with the training step's memory where
+    `memory` gives its settings (seq, batch, dtype, attention, checkpointing, optimizer_name)."""
     stored, stored_zh = storage(model, quant)
     subs = model.substitution() if model.values is not None else None
     walker = _Walker(model.name, subs)
@@ -616,7 +621,19 @@ def derive(model: Model, quant: str | None = None) -> Derivation:
         meanings={name: s.meaning for name, s in model.recipe.symbols.items()},
         translations={"zh": {**model.recipe.zh, **{s.meaning: s.zh for s in model.recipe.symbols.values() if s.zh}, **stored_zh}},
         storage=stored,
+        memory=memory_section(model, memory),
     )
+
+
+def memory_section(model: Model, settings: dict[str, Any] | None) -> Any:
+    """The training step's memory, as memory.explain derives it, where asked for (it needs the config's values)."""
+    if settings is None:
+        return None
+    if model.values is None:
+        raise SymparamError("--memory: the training step needs a config's values (--model, --config or --set)")
+    from symparam.memory.explain import memory_derivation
+
+    return memory_derivation(model, **settings)
 
 
 __all__ = ["ASSUMPTIONS", "Assumption", "Chain", "ClosedForm", "Derivation", "Storage", "Estimate", "Factor", "M", "Ref", "Row", "Step", "derive", "grouped"]

@@ -254,3 +254,32 @@ def untranslated(d, lang: str = "zh") -> set[str]:
 @pytest.mark.parametrize("recipe", list(REGISTRY), ids=lambda r: r.family)
 def test_every_family_reads_in_chinese(recipe):
     assert untranslated(derive(symparam.Model(recipe))) == set()
+
+
+MEMORY = {"seq": 2048, "batch": 1, "dtype": "bf16", "attention": "sdpa", "checkpointing": "none", "optimizer_name": "adamw"}
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_memory_derivation_compiles_and_renders(lang, tmp_path):
+    """derive --memory: the activations by module and layer kind, the step and its peak, the GPT-3 formula beside the
+    model's; LaTeX compiles (pdflatex, xelatex), the Markdown's math renders in KaTeX, every word is translated."""
+    d = derive(symparam.load("qwen3-0.6b"), memory=MEMORY)
+    assert d.memory.peak_value == 12_070_528_224  # tests/test_training.py measures it with a live-storage tracker
+    tex = render(d, "latex", lang)
+    pdf = compile_tex("pdflatex" if lang == "en" else "xelatex", tex, tmp_path)
+    text = subprocess.run([need("pdftotext"), str(pdf), "-"], capture_output=True, text=True).stdout
+    assert "12,070,528,224" in text and "406,847,488" in text  # the peak, and the GPT-3 formula's bytes for one layer
+    md = render(d, "markdown", lang)
+    path = tmp_path / f"memory.{lang}.md"
+    path.write_text(md, encoding="utf-8")
+    run = subprocess.run([need("node"), str(KATEX / "check.js"), str(path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    if lang == "zh":
+        assert not re.search(r"\b(training step|activations|optimizer|peak)\b", md)
+
+
+def test_memory_derivation_needs_a_config_and_a_length(capsys):
+    assert cli.main(["derive", "--arch", "qwen3", "--markdown", "--memory", "--seq", "8"]) == 2
+    assert "--memory" in capsys.readouterr().err
+    assert cli.main(["derive", "--model", "qwen3-0.6b", "--markdown", "--memory"]) == 2
+    assert "--seq" in capsys.readouterr().err
