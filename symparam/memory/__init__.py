@@ -177,6 +177,7 @@ def step_report(model: Model, dtype_name: str, subs: dict, train: Train, layout:
     activations = {
         **sizes(exact(a.formula)),
         "formula": str(a.formula),
+        "by_layer_kind": a.grouped,
         "convention": f"bytes autograd keeps for backward in one training forward with the loss (transformers' implementation, {mode}): "
                       f"each storage once, parameters excluded, fp32 upcasts (norms, softmax, the loss's fp32 logits) included; {CHECKPOINTING[train.checkpointing]}",
         "assumes": [str(c) for c in step.assumed],
@@ -205,45 +206,51 @@ def step_report(model: Model, dtype_name: str, subs: dict, train: Train, layout:
     }
 
 
+LABEL = 18  # width of a row's label
+
+
+def row(label: str, part: dict[str, Any]) -> str:
+    """A labelled figure: bytes, GB (10^9) and GiB (2^30)."""
+    return f"{label:<{LABEL}} {part['bytes']:>20,} bytes  {decimal(Fraction(part['bytes'], GB), 3):>10} GB  {decimal(Fraction(part['bytes'], GiB), 3):>10} GiB"
+
+
 def text(r: dict[str, Any]) -> str:
     """The report as a few labelled lines (bytes, GB = 10^9, GiB = 2^30), formulas included."""
-
-    def row(label: str, part: dict[str, Any]) -> str:
-        return f"{label:<10} {part['bytes']:>20,} bytes  {decimal(Fraction(part['bytes'], GB), 3):>10} GB  {decimal(Fraction(part['bytes'], GiB), 3):>10} GiB"
-
+    pad = " " * (LABEL + 1)
     kv = r["kv_cache"]
     window = f"; {kv['sliding_layers']} of the layers keep at most W = {kv['window']:,} tokens" if kv["window"] else ""
     lines = [
         f"{r['name']} ({r['family']}): {r['parameters']:,} parameters, {r['dtype']} = {r['bytes_per_value']} byte(s) per value",
         row("weights", r["weights"]) + ("    = parameters * b" if r["stored"] is None else ""),
-        f"{'':<10} {r['weights']['note']}",
+        f"{pad}{r['weights']['note']}",
         *(stored_lines(r["stored"]) if r["stored"] is not None else []),
         row("KV cache", kv) + f"    = {kv['formula']}",
-        *[f"{'':<10} {p['layers']:,} layers ({p['module']}): {p['per_token_per_layer_values']:,} values per token per layer ({p['what']})" for p in kv["parts"]],
-        f"{'':<10} grows with S = {r['seq']:,} tokens, B = {r['batch']} sequence(s){window}",
-        *([row("state", r["state"]) + f"    = {r['state']['formula']}"] + [f"{'':<10} {p['layers']:,} layers ({p['module']}): {p['per_sequence_per_layer_values']:,} values per sequence per layer, whatever S ({p['what']})" for p in r["state"]["parts"]] if r["state"]["parts"] else []),
-        *(step_lines(r, row) if "training" in r else [f"{'':<10} (a training step, activations included: --train --seq S --batch B)"]),
+        *[f"{pad}{p['layers']:,} layers ({p['module']}): {p['per_token_per_layer_values']:,} values per token per layer ({p['what']})" for p in kv["parts"]],
+        f"{pad}grows with S = {r['seq']:,} tokens, B = {r['batch']} sequence(s){window}",
+        *([row("state", r["state"]) + f"    = {r['state']['formula']}"] + [f"{pad}{p['layers']:,} layers ({p['module']}): {p['per_sequence_per_layer_values']:,} values per sequence per layer, whatever S ({p['what']})" for p in r["state"]["parts"]] if r["state"]["parts"] else []),
+        *(step_lines(r) if "training" in r else [f"{pad}(a training step, activations included: --train --seq S --batch B)"]),
         "units: GB = 10^9 bytes, GiB = 2^30 bytes",
     ]
     return "\n".join(lines)
 
 
-def step_lines(r: dict[str, Any], row: Any) -> list[str]:
-    """The training step in labelled lines: activations per module, the terms, the moments and the peak."""
-    pad = " " * 11
+def step_lines(r: dict[str, Any]) -> list[str]:
+    """The training step in labelled lines: activations per module, the terms, the sum, the moments and the peak."""
+    pad = " " * (LABEL + 1)
     a, t = r["activations"], r["training"]
-    lines = [row("activations", a) + f"    = {a['formula']}", f"{pad}{a['convention']}"]
-    lines += [f"{pad}where {', '.join(a['assumes'])}"] if a["assumes"] else []
+    lines = [f"training step: S = {r['seq']:,} tokens, B = {r['batch']:,} sequence(s); {t['convention']}",
+             row("  activations", a) + f"    = {a['by_layer_kind']}", f"{pad}{a['convention']}"]
+    lines += [f"{pad}valid where {', '.join(a['assumes'])}"] if a["assumes"] else []
     width = max((len(p["module"] or "(loss)") for p in a["parts"]), default=0)
-    lines += [f"{pad}{p['module'] or '(loss)':<{width}} {p['bytes']:>18,}  = {p['layers']:,} x {p['per_layer_bytes']:,}" if p["layers"] != 1
-              else f"{pad}{p['module'] or '(loss)':<{width}} {p['bytes']:>18,}" for p in a["parts"]]
+    lines += [f"{pad}{p['module'] or '(loss)':<{width}} {p['bytes']:>18,}" + (f"  = {p['layers']:,} layers x {p['per_layer_bytes']:,}" if p["layers"] != 1 else "")
+              for p in a["parts"]]
     lines += [f"{pad}{k['module']}: {k['note']}" for k in a["kernels"]]
-    for name, label in (("weights", "weights"), ("gradients", "gradients"), ("optimizer_states", "optimizer states"), ("loss_peak", "loss peak")):
-        lines.append(row(label, t["parts"][name]) + f"    = {t['parts'][name]['formula']}")
-    lines.append(row("step", t) + "    = weights + gradients + optimizer states + activations")
-    lines.append(row("peak", {"bytes": t["peak_bytes"]}) + f"    at {t['peak_at']}")
+    for name, label in (("weights", "weights"), ("gradients", "gradients"), ("optimizer_states", "optimizer states")):
+        lines.append(row(f"  {label}", t["parts"][name]) + f"    = {t['parts'][name]['formula']}")
+    lines.append(row("  sum", t) + "    = weights + gradients + optimizer states + activations")
+    lines.append(row("  loss peak", t["parts"]["loss_peak"]) + f"    = {t['parts']['loss_peak']['formula']}  (fp32 gradients of the loss head, at the start of backward)")
+    lines.append(row("  peak", {"bytes": t["peak_bytes"]}) + f"    at: {t['peak_at']} = {t['peak_formula']}")
     lines += [f"{pad}{m['at']}: {m['bytes']:,} ({m['live']})" for m in t["moments"]]
-    lines.append(f"{pad}{t['convention']}")
     return lines
 
 

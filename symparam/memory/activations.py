@@ -53,6 +53,19 @@ class Activations:
     def formula(self) -> sp.Expr:
         return sp.expand(sp.Add(*(p.total for p in self.parts)))
 
+    def by_layers(self) -> dict[sp.Expr, sp.Expr]:
+        """Bytes in one layer of each kind (the layer count -> its bytes), what runs once under 1."""
+        out: dict[sp.Expr, sp.Expr] = {}
+        for p in self.parts:
+            out[p.layers] = sp.expand(out.get(p.layers, sp.Integer(0)) + p.bytes)
+        return out
+
+    @property
+    def grouped(self) -> str:
+        """The formula written by layer kind, as the derivations write counts: N*(...) + ... + (what runs once)."""
+        kinds = sorted(self.by_layers().items(), key=lambda item: item[0] == 1)  # the layers first, what runs once last
+        return " + ".join(f"{n}*({e})" if n != 1 else f"({e})" for n, e in kinds)
+
     def by_module(self) -> dict[str, sp.Expr]:
         """Bytes per module, all its copies."""
         out: dict[str, sp.Expr] = {}
