@@ -114,13 +114,13 @@ def add_lora(parser: argparse.ArgumentParser) -> None:
 
 def lora_from(args: argparse.Namespace, model: Model) -> Model:
     """The model with the adapters --lora asks for (as peft's get_peft_model adds them), or as it is."""
-    from symparam.memory.lora import Lora, adapt
-
     if args.lora is None:
         for option, value in (("--lora-targets", args.lora_targets), ("--dora", args.dora or None)):
             if value is not None:
                 raise SymparamError(f"{option}: describes LoRA adapters; add --lora R")
         return model
+    from symparam.memory.lora import Lora, adapt
+
     targets = args.lora_targets or "q_proj,v_proj"
     names = "all-linear" if targets == "all-linear" else tuple(t for t in targets.split(",") if t)
     return adapt(model, Lora(args.lora, names, args.dora, args.lora_alpha))
