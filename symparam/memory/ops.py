@@ -483,4 +483,17 @@ def pad(ctx: Context, x: Value, left: sp.Expr, right: sp.Expr) -> Value:
     return ctx.new(x.shape[:-1] + (x.shape[-1] + left + right,), x.dtype, "pad", x.grad)
 
 
+def inplace(ctx: Context, op: str, a: Value, b: Value | sp.Expr) -> Value:
+    """a.add_(b), a.sub_(b), a.mul_(b), a.div_(b): the result lives in a's storage; where a gradient needs a's value
+    from before the update (mul_ and div_ by a tensor that needs a gradient), autograd saves a clone of it, and mul_
+    and div_ save the tensor operand as their out-of-place forms do."""
+    b_t = isinstance(b, Value)
+    out = replace(a, grad=a.grad or (b_t and b.grad))
+    if op in ("mul", "div") and b_t:
+        ctx.save(b if a.grad or (op == "div" and b.grad) else None)
+        if b.grad:
+            ctx.save(copy(ctx, a))
+    return out
+
+
 __all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]

@@ -603,6 +603,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "unsupported": _unsupported,
     "cumsum": _integer("cumsum"),
     "histc": _integer("histc"),
+    **{f"{n}_": (lambda n: lambda ctx, a, b: ops.inplace(ctx, n, a, b))(n) for n in ("add", "sub", "mul", "div")},
 }
 
 
