@@ -43,10 +43,13 @@ def compare(config: dict[str, Any], dtype: str, attention: str, checkpointing: b
     """Per module, then the total, at each (B, S): a miss names the module and the point."""
     model = symparam.load(config)
     tree = {path for node, _, _, path in walk(model.tree) if not node.is_leaf}
-    found = activations(model, Mode(act=dtype, attention=attention), "full" if checkpointing else "none", {B: points[0][0], S: points[0][1]})
-    formulas = found.by_module()
+    found, regime = None, None
     for batch, seq in points:
         subs = {**as_subs(model.values), B: sp.Integer(batch), S: sp.Integer(seq)}
+        # one formula per regime: B = 1 makes more tensors contiguous (no copy), and branches assume sizes (S <= W)
+        if found is None or regime != (batch == 1) or not all(bool(c.xreplace(subs)) for c in found.assumed):
+            found, regime = activations(model, Mode(act=dtype, attention=attention), "full" if checkpointing else "none", {B: batch, S: seq}), batch == 1
+            formulas = found.by_module()
         mine = {name: int(expr.xreplace(subs)) for name, expr in formulas.items()}
         mine = {k: v for k, v in mine.items() if v}
         reference = saved_bytes(config, dtype, attention, checkpointing, batch, seq, modules=tree)
