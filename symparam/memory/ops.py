@@ -496,4 +496,17 @@ def inplace(ctx: Context, op: str, a: Value, b: Value | sp.Expr) -> Value:
     return out
 
 
+def clamp(ctx: Context, x: Value, low: sp.Expr | None = None, high: sp.Expr | None = None, inplace: bool = False) -> Value:
+    """clamp between scalars: saves its input for the gradient's mask; in place (clamp_), the result lives in x's
+    storage and autograd saves a clone of x's old value instead."""
+    if inplace:
+        if x.grad:
+            ctx.save(copy(ctx, x))
+        return x
+    out = ctx.new(x.shape, x.dtype, "clamp", x.grad, _layout_like(x, x.shape))
+    if x.grad:
+        ctx.save(x)
+    return out
+
+
 __all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]

@@ -604,6 +604,8 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "cumsum": _integer("cumsum"),
     "histc": _integer("histc"),
     **{f"{n}_": (lambda n: lambda ctx, a, b: ops.inplace(ctx, n, a, b))(n) for n in ("add", "sub", "mul", "div")},
+    "clamp": lambda ctx, x, low=None, high=None: ops.clamp(ctx, x, low, high),
+    "clamp_": lambda ctx, x, low=None, high=None: ops.clamp(ctx, x, low, high, inplace=True),
 }
 
 
