@@ -471,10 +471,11 @@ def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:
 
 
 def layer_norm(ctx: Context, x: Value, weight: Value | None, bias: Value | None) -> Value:
-    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std (fp32)."""
+    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std (in the
+    input's dtype on CPU, as measured for bf16)."""
     out = ctx.new(x.shape, x.dtype, "layer_norm", x.grad or bool(weight and weight.grad))
     rows = x.shape[:-1] + (ONE,)
-    ctx.save(x, ctx.new(rows, "fp32", "layer_norm mean", False), ctx.new(rows, "fp32", "layer_norm rstd", False))
+    ctx.save(x, ctx.new(rows, x.dtype, "layer_norm mean", False), ctx.new(rows, x.dtype, "layer_norm rstd", False))
     return out
 
 
