@@ -510,4 +510,44 @@ def clamp(ctx: Context, x: Value, low: sp.Expr | None = None, high: sp.Expr | No
     return out
 
 
+def masked_fill(ctx: Context, x: Value, mask: Value, value: sp.Expr | None = None) -> Value:
+    """x.masked_fill(mask, value): saves the mask for the gradient."""
+    out = ctx.new(broadcast(ctx, x.shape, mask.shape), x.dtype, "masked_fill", x.grad)
+    if x.grad:
+        ctx.save(mask)
+    return out
+
+
+def max_dim(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> tuple[Value, Value]:
+    """x.max(dim): values and int64 indices; saves the indices for the gradient."""
+    dim = dim % len(x.shape)
+    shape = tuple(ONE if i == dim else n for i, n in enumerate(x.shape) if keepdim or i != dim)
+    values, indices = ctx.new(shape, x.dtype, "max", x.grad), ctx.new(shape, "int64", "max indices", False)
+    if x.grad:
+        ctx.save(indices)
+    return values, indices
+
+
+def gather(ctx: Context, x: Value, dim: int, idx: Value) -> Value:
+    """x.gather(dim, idx): saves the indices."""
+    out = ctx.new(idx.shape, x.dtype, "gather", x.grad)
+    if x.grad:
+        ctx.save(idx)
+    return out
+
+
+def scatter(ctx: Context, x: Value, dim: int, idx: Value, src: Value | sp.Expr | None = None) -> Value:
+    """x.scatter(dim, idx, src or a scalar): saves the indices."""
+    grad = x.grad or (isinstance(src, Value) and src.grad)
+    out = ctx.new(x.shape, x.dtype, "scatter", grad)
+    if grad:
+        ctx.save(idx)
+    return out
+
+
+def save_for_backward(ctx: Context, *values: Value) -> None:
+    """A custom autograd Function's ctx.save_for_backward: keeps these tensors (its forward runs without autograd)."""
+    ctx.save(*values)
+
+
 __all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]

@@ -606,6 +606,11 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     **{f"{n}_": (lambda n: lambda ctx, a, b: ops.inplace(ctx, n, a, b))(n) for n in ("add", "sub", "mul", "div")},
     "clamp": lambda ctx, x, low=None, high=None: ops.clamp(ctx, x, low, high),
     "clamp_": lambda ctx, x, low=None, high=None: ops.clamp(ctx, x, low, high, inplace=True),
+    "masked_fill": ops.masked_fill,
+    "max": lambda ctx, x, dim=-1, keepdim=False: ops.max_dim(ctx, x, int(dim), bool(keepdim)),
+    "gather": lambda ctx, x, dim, idx: ops.gather(ctx, x, int(dim), idx),
+    "scatter": lambda ctx, x, dim, idx, src=None: ops.scatter(ctx, x, int(dim), idx, src),
+    "save_for_backward": ops.save_for_backward,
 }
 
 
