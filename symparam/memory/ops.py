@@ -550,4 +550,11 @@ def save_for_backward(ctx: Context, *values: Value) -> None:
     ctx.save(*values)
 
 
+def repeat_interleave(ctx: Context, x: Value, repeats: sp.Expr, dim: int) -> Value:
+    """x.repeat_interleave(repeats, dim): a new tensor, nothing saved (its gradient sums back)."""
+    dim = dim % len(x.shape)
+    shape = x.shape[:dim] + (x.shape[dim] * repeats,) + x.shape[dim + 1:]
+    return ctx.new(shape, x.dtype, "repeat_interleave", x.grad)
+
+
 __all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]
