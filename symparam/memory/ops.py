@@ -437,11 +437,13 @@ def grouped_mm(ctx: Context, x: Value, weight: Value, offsets: Value) -> Value:
 
 def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -> Value:
     """PyTorch's fused attention kernel (CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA's flash kernel keeps
-    the same): saves q, k, v, its output (laid out [B, S, h, d_v]) and the fp32 log-sum-exp per query row; a boolean
+    the same): saves q, k, v, its output (laid out as q is: [B, S, h, d_v] for heads split from a projection) and
+    the fp32 log-sum-exp per query row; a boolean
     mask is first turned into an additive mask of the query's dtype, which it saves too."""
     b, h, s, _ = q.shape
     dv = v.shape[-1]
-    out = ctx.new((b, h, s, dv), q.dtype, "sdpa", q.grad or k.grad or v.grad, strides=(s * h * dv, dv, h * dv, ONE))
+    shape = (b, h, s, dv)
+    out = ctx.new(shape, q.dtype, "sdpa", q.grad or k.grad or v.grad, strides=_layout_like(replace(q, shape=shape), shape))
     lse = ctx.new((b, h, s), "fp32", "sdpa logsumexp", False)
     if mask is not None and mask.dtype == "bool":
         mask = ctx.new(mask.shape, q.dtype, "sdpa mask", False)
