@@ -203,7 +203,9 @@ class Interpreter:
             raise SymparamError(f"{where}: layer kinds return tensors of different shapes")
         if len(results) == 1:
             return first
-        return self.ctx.new(first.shape, first.dtype, "layer kinds", any(r.grad for r in results))
+        merged = self.ctx.new(first.shape, first.dtype, "layer kinds", any(r.grad for r in results))
+        # it is each kind's own tensor: kept, it stands for theirs (counted once, in every layer)
+        return replace(merged, storage=replace(merged.storage, covers=tuple(r.storage for r in results)))
 
     # ------------------------------------------------------------ programs
 
