@@ -70,6 +70,7 @@ def kept(t: Trace, checkpointing: str = "none") -> list[Storage]:
     if checkpointing == "full":
         inside = {i for call in t.layers for i in call.saves}
         saves = [s for i, (s, _) in enumerate(t.saved) if i not in inside] + [call.inputs for call in t.layers]
+    saves = [k for s in saves for k in s.allocated()]
     unique = list({s.ident: s for s in saves if not s.param}.values())
     covered = {c.ident for s in unique for c in s.covers}
     return [s for s in unique if s.ident not in covered]

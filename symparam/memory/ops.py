@@ -35,12 +35,17 @@ class Storage:
     param: bool = False  # a parameter or buffer: never an activation
     owners: tuple[tuple[str, sp.Expr], ...] = ()  # a stack's layer input: (module, copies) of what it stands for
     covers: tuple[Storage, ...] = ()  # storages it stands for (the embedding output that is layer 0's input)
+    kinds: tuple[Storage, ...] = ()  # a tensor merged from layer kinds: the storage each kind's layers allocated
     ident: int = field(default_factory=lambda: next(_ids))
 
     @property
     def bytes(self) -> sp.Expr:
         """Bytes of one copy."""
         return self.numel * BYTES[self.dtype]
+
+    def allocated(self) -> tuple[Storage, ...]:
+        """What it is in memory: itself, or for a tensor merged from layer kinds the storage each kind allocated."""
+        return tuple(k for part in self.kinds for k in part.allocated()) if self.kinds else (self,)
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ class Interpreter:
         ids = self.input("token ids")
         labels = self.input("labels")
         self.call_module(Module(root, root.key, ONE), [ids, labels], {})
-        kept = {s.ident for s, _ in self.ctx.saved}
+        kept = {k.ident for s, _ in self.ctx.saved for k in s.allocated()}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
         return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels)
 
@@ -201,11 +201,10 @@ class Interpreter:
             return first
         if any(not isinstance(r, Value) or len(r.shape) != len(first.shape) or any(sp.simplify(a - b) != 0 for a, b in zip(r.shape, first.shape)) or r.dtype != first.dtype for r in results):
             raise SymparamError(f"{where}: layer kinds return tensors of different shapes")
-        if len(results) == 1:
+        if len(results) == 1 or all(r.storage is first.storage for r in results):
             return first
         merged = self.ctx.new(first.shape, first.dtype, "layer kinds", any(r.grad for r in results))
-        # it is each kind's own tensor: kept, it stands for theirs (counted once, in every layer)
-        return replace(merged, storage=replace(merged.storage, covers=tuple(r.storage for r in results)))
+        return replace(merged, storage=replace(merged.storage, kinds=tuple(r.storage for r in results)))
 
     # ------------------------------------------------------------ programs
 
