@@ -36,6 +36,7 @@ class Storage:
     owners: tuple[tuple[str, sp.Expr], ...] = ()  # a stack's layer input: (module, copies) of what it stands for
     covers: tuple[Storage, ...] = ()  # storages it stands for (the embedding output that is layer 0's input)
     kinds: tuple[Storage, ...] = ()  # a tensor merged from layer kinds: the storage each kind's layers allocated
+    partial: bool = False  # saved by the layers of one kind only: `copies` are those layers
     ident: int = field(default_factory=lambda: next(_ids))
 
     @property
@@ -88,6 +89,7 @@ class Context:
     act: str  # the dtype activations run in ("bf16", "fp32")
     values: dict = field(default_factory=dict)  # the model's sizes (and S, B): sizes equal there may broadcast
     assumed: list = field(default_factory=list)  # equalities of sizes the trace relied on (h = h_kv)
+    kinds: list = field(default_factory=list)  # layer kinds running now: (copies around them, their own copies)
 
     def contiguous(self, x: Value) -> bool:
         """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
@@ -111,9 +113,13 @@ class Context:
         return Value(shape, tuple(strides) if strides is not None else dense(shape), dtype, storage, grad)
 
     def save(self, *values: Value | None) -> None:
+        """Record what backward keeps; a tensor every layer made, saved in the layers of one kind, is kept in those."""
         for v in values:
             if v is not None and not v.param:
-                self.saved.append((v.storage, self.module))
+                storage = v.storage
+                if any(sp.simplify(outer - storage.copies) == 0 for outer, _ in self.kinds):
+                    storage = replace(storage, copies=self.kinds[-1][1], partial=True)
+                self.saved.append((storage, self.module))
 
 
 @dataclass(frozen=True)
@@ -562,6 +568,22 @@ def repeat_interleave(ctx: Context, x: Value, repeats: sp.Expr, dim: int) -> Val
     dim = dim % len(x.shape)
     shape = x.shape[:dim] + (x.shape[dim] * repeats,) + x.shape[dim + 1:]
     return ctx.new(shape, x.dtype, "repeat_interleave", x.grad)
+
+
+def compare(ctx: Context, a: Value | sp.Expr, b: Value | sp.Expr) -> Value:
+    """An elementwise comparison (x > 0): a boolean tensor of the broadcast shape, no gradient, nothing saved."""
+    shape = broadcast(ctx, *(v.shape for v in (a, b) if isinstance(v, Value)))
+    return ctx.new(shape, "bool", "compare", False)
+
+
+def extremum(ctx: Context, op: str, a: Value, b: Value) -> Value:
+    """torch.minimum / torch.maximum of two tensors: saves both (the gradient goes where each is the extremum)."""
+    shape = broadcast(ctx, a.shape, b.shape)
+    lead = a if a.shape == shape else b
+    out = ctx.new(shape, promote(a.dtype, b.dtype), op, a.grad or b.grad, _layout_like(lead, shape))
+    if a.grad or b.grad:
+        ctx.save(a, b)
+    return out
 
 
 __all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]

@@ -187,7 +187,13 @@ class Interpreter:
 
     def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
-        results = [self.call_module(m, args, kwargs) for m in variants.modules]
+        results = []
+        for m in variants.modules:
+            self.ctx.kinds.append((self.ctx.copies, m.copies))
+            try:
+                results.append(self.call_module(m, args, kwargs))
+            finally:
+                self.ctx.kinds.pop()
         return self.merge(results, variants.path)
 
     def merge(self, results: list[Any], where: str) -> Any:
@@ -303,11 +309,13 @@ class Frame:
                 continue
             local = dict(scope)
             outer = (self.copies, it.ctx.copies)
+            it.ctx.kinds.append((it.ctx.copies, copies))
             self.copies = it.ctx.copies = copies
             try:
                 self.block(body, local)
             finally:
                 self.copies, it.ctx.copies = outer
+                it.ctx.kinds.pop()
             results.append(local)
         if len(results) == 1:
             scope.update(results[0])
@@ -445,6 +453,8 @@ class Frame:
         left = self.eval(node.left, scope)
         for op, right_node in zip(node.ops, node.comparators):
             right = self.eval(right_node, scope)
+            if (isinstance(left, Value) or isinstance(right, Value)) and type(op) in (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq):
+                return self.op("compare", [left, right], {}, node)  # an elementwise comparison: a boolean tensor
             if isinstance(op, (ast.Is, ast.IsNot)):
                 l_none = left is None or isinstance(left, Absent)
                 r_none = right is None or isinstance(right, Absent)
@@ -613,6 +623,11 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "scatter": lambda ctx, x, dim, idx, src=None: ops.scatter(ctx, x, int(dim), idx, src),
     "save_for_backward": ops.save_for_backward,
     "repeat_interleave": lambda ctx, x, repeats, dim: ops.repeat_interleave(ctx, x, sp.sympify(repeats), int(dim)),
+    "compare": ops.compare,
+    "stack": lambda ctx, values, dim=-1: ops.cat(ctx, [ops.unsqueeze(ctx, v, int(dim)) for v in values], int(dim)),
+    "expm1": ops.unary("output", "expm1"),
+    "minimum": lambda ctx, a, b: ops.extremum(ctx, "minimum", a, b),
+    "maximum": lambda ctx, a, b: ops.extremum(ctx, "maximum", a, b),
 }
 
 
