@@ -542,10 +542,10 @@ def max_dim(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> tup
 
 
 def gather(ctx: Context, x: Value, dim: int, idx: Value) -> Value:
-    """x.gather(dim, idx): saves the indices."""
+    """x.gather(dim, idx): saves the indices and x itself (gather_backward reads it; measured)."""
     out = ctx.new(idx.shape, x.dtype, "gather", x.grad)
     if x.grad:
-        ctx.save(idx)
+        ctx.save(idx, x)
     return out
 
 
