@@ -12,6 +12,7 @@ A family may add hints in tests/families/<family>.toml, each optional:
                 matmul = "why"       # ... and its matmul weights per token (a weight applied once per head, ...)
                 shapes = "why"       # ... and the activation sizes it traces (a module run c times traced as one tensor)
     [assume]    "rule" = "why"       # random configs must satisfy these rules over the config (relations transformers does not check)
+    [multiples] hidden_size = 8      # random configs scale these drawn sizes by this (kernels that need aligned rows)
     [symbolic]  idle = "formula"     # parameters no token ever uses (what active leaves out even when k = n)
     [oracle]    routed = "regex"     # which tensors are routed experts (default \.experts\.); experts / per_token: n and k keys
 Multimodal wrappers have their hints in tests/wrappers.toml.
@@ -168,6 +169,9 @@ def random_config(draw, family: str) -> dict[str, Any]:
         values[key] = draw(st.sampled_from(choices))
     for key, (low, high) in hint.get("ranges", {}).items():
         values[key] = draw(st.integers(low, high))
+    for key, factor in hint.get("multiples", {}).items():
+        if type(values.get(key)) is int:
+            values[key] *= factor
     values |= hint.get("fixed", {})
     config = {k: v for k, v in set_keys(base, values).items() if not (k in per_layer and values[k] is None)}
     for rule in hint.get("assume", {}):

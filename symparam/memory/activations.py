@@ -8,7 +8,7 @@ non-reentrant), a decoder layer keeps only its input; what it saves inside is re
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy as sp
 
@@ -83,9 +83,23 @@ def kept(t: Trace, checkpointing: str = "none") -> list[Storage]:
     if checkpointing == "full":
         inside = {i for call in t.layers for i in call.saves}
         saves = [s for i, (s, _) in enumerate(t.saved) if i not in inside] + [call.inputs for call in t.layers]
-    unique = list({s.ident: s for s in saves if not s.param}.values())
+    saves = [k for s in saves for k in s.allocated()]
+    unique = once([s for s in saves if not s.param])
     covered = {c.ident for s in unique for c in s.covers}
     return [s for s in unique if s.ident not in covered]
+
+
+def once(saves: list[Storage]) -> list[Storage]:
+    """Each storage once: in all the layers that made it, or, saved only by layer kinds, in the layers of those kinds."""
+    found: dict[int, list[Storage]] = {}
+    for s in saves:
+        found.setdefault(s.ident, []).append(s)
+    out = []
+    for entries in found.values():
+        whole = next((s for s in entries if not s.partial), None)
+        kinds = list(dict.fromkeys(s.copies for s in entries))
+        out.append(whole or replace(entries[0], copies=sp.Add(*kinds), partial=False))
+    return out
 
 
 def parts(storages: Iterable[Storage]) -> tuple[Part, ...]:

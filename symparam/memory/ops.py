@@ -35,12 +35,18 @@ class Storage:
     param: bool = False  # a parameter or buffer: never an activation
     owners: tuple[tuple[str, sp.Expr], ...] = ()  # a stack's layer input: (module, copies) of what it stands for
     covers: tuple[Storage, ...] = ()  # storages it stands for (the embedding output that is layer 0's input)
+    kinds: tuple[Storage, ...] = ()  # a tensor merged from layer kinds: the storage each kind's layers allocated
+    partial: bool = False  # saved by the layers of one kind only: `copies` are those layers
     ident: int = field(default_factory=lambda: next(_ids))
 
     @property
     def bytes(self) -> sp.Expr:
         """Bytes of one copy."""
         return self.numel * BYTES[self.dtype]
+
+    def allocated(self) -> tuple[Storage, ...]:
+        """What it is in memory: itself, or for a tensor merged from layer kinds the storage each kind allocated."""
+        return tuple(k for part in self.kinds for k in part.allocated()) if self.kinds else (self,)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class Context:
     held: list[Storage] = field(default_factory=list)  # what the caller holds after the forward (logits, a KV cache)
     values: dict = field(default_factory=dict)  # the model's sizes (and S, B): sizes equal there may broadcast
     assumed: list = field(default_factory=list)  # equalities of sizes the trace relied on (h = h_kv)
+    kinds: list = field(default_factory=list)  # layer kinds running now: (copies around them, their own copies)
 
     def contiguous(self, x: Value) -> bool:
         """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
@@ -108,9 +115,13 @@ class Context:
         return Value(shape, tuple(strides) if strides is not None else dense(shape), dtype, storage, grad)
 
     def save(self, *values: Value | None) -> None:
+        """Record what backward keeps; a tensor every layer made, saved in the layers of one kind, is kept in those."""
         for v in values:
             if v is not None and not v.param:
-                self.saved.append((v.storage, self.module))
+                storage = v.storage
+                if any(sp.simplify(outer - storage.copies) == 0 for outer, _ in self.kinds):
+                    storage = replace(storage, copies=self.kinds[-1][1], partial=True)
+                self.saved.append((storage, self.module))
 
 
 @dataclass(frozen=True)
@@ -457,11 +468,13 @@ def grouped_mm(ctx: Context, x: Value, weight: Value, offsets: Value) -> Value:
 
 def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -> Value:
     """PyTorch's fused attention kernel (CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA's flash kernel keeps
-    the same): saves q, k, v, its output (laid out [B, S, h, d_v]) and the fp32 log-sum-exp per query row; a boolean
+    the same): saves q, k, v, its output (laid out as q is: [B, S, h, d_v] for heads split from a projection) and
+    the fp32 log-sum-exp per query row; a boolean
     mask is first turned into an additive mask of the query's dtype, which it saves too."""
     b, h, s, _ = q.shape
     dv = v.shape[-1]
-    out = ctx.new((b, h, s, dv), q.dtype, "sdpa", q.grad or k.grad or v.grad, strides=(s * h * dv, dv, h * dv, ONE))
+    shape = (b, h, s, dv)
+    out = ctx.new(shape, q.dtype, "sdpa", q.grad or k.grad or v.grad, strides=_layout_like(replace(q, shape=shape), shape))
     lse = ctx.new((b, h, s), "fp32", "sdpa logsumexp", False)
     if mask is not None and mask.dtype == "bool":
         mask = ctx.new(mask.shape, q.dtype, "sdpa mask", False)
@@ -512,16 +525,106 @@ def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:
 
 
 def layer_norm(ctx: Context, x: Value, weight: Value | None, bias: Value | None) -> Value:
-    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std (fp32)."""
+    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std (in the
+    input's dtype on CPU, as measured for bf16)."""
     out = ctx.new(x.shape, x.dtype, "layer_norm", x.grad or bool(weight and weight.grad))
     rows = x.shape[:-1] + (ONE,)
-    ctx.save(x, ctx.new(rows, "fp32", "layer_norm mean", False), ctx.new(rows, "fp32", "layer_norm rstd", False))
+    ctx.save(x, ctx.new(rows, x.dtype, "layer_norm mean", False), ctx.new(rows, x.dtype, "layer_norm rstd", False))
     return out
 
 
 def pad(ctx: Context, x: Value, left: sp.Expr, right: sp.Expr) -> Value:
     """torch.nn.functional.pad of the last dimension: a new tensor, nothing saved."""
     return ctx.new(x.shape[:-1] + (x.shape[-1] + left + right,), x.dtype, "pad", x.grad)
+
+
+def inplace(ctx: Context, op: str, a: Value, b: Value | sp.Expr) -> Value:
+    """a.add_(b), a.sub_(b), a.mul_(b), a.div_(b): the result lives in a's storage; where a gradient needs a's value
+    from before the update (mul_ and div_ by a tensor that needs a gradient), autograd saves a clone of it, and mul_
+    and div_ save the tensor operand as their out-of-place forms do."""
+    b_t = isinstance(b, Value)
+    out = replace(a, grad=a.grad or (b_t and b.grad))
+    if op in ("mul", "div") and b_t:
+        ctx.save(b if a.grad or (op == "div" and b.grad) else None)
+        if b.grad:
+            ctx.save(copy(ctx, a))
+    return out
+
+
+def clamp(ctx: Context, x: Value, low: sp.Expr | None = None, high: sp.Expr | None = None, inplace: bool = False) -> Value:
+    """clamp between scalars: saves its input for the gradient's mask; in place (clamp_), the result lives in x's
+    storage and autograd saves a clone of x's old value instead."""
+    if inplace:
+        if x.grad:
+            ctx.save(copy(ctx, x))
+        return x
+    out = ctx.new(x.shape, x.dtype, "clamp", x.grad, _layout_like(x, x.shape))
+    if x.grad:
+        ctx.save(x)
+    return out
+
+
+def masked_fill(ctx: Context, x: Value, mask: Value, value: sp.Expr | None = None) -> Value:
+    """x.masked_fill(mask, value): saves the mask for the gradient."""
+    out = ctx.new(broadcast(ctx, x.shape, mask.shape), x.dtype, "masked_fill", x.grad)
+    if x.grad:
+        ctx.save(mask)
+    return out
+
+
+def max_dim(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> tuple[Value, Value]:
+    """x.max(dim): values and int64 indices; saves the indices for the gradient."""
+    dim = dim % len(x.shape)
+    shape = tuple(ONE if i == dim else n for i, n in enumerate(x.shape) if keepdim or i != dim)
+    values, indices = ctx.new(shape, x.dtype, "max", x.grad), ctx.new(shape, "int64", "max indices", False)
+    if x.grad:
+        ctx.save(indices)
+    return values, indices
+
+
+def gather(ctx: Context, x: Value, dim: int, idx: Value) -> Value:
+    """x.gather(dim, idx): saves the indices and x itself (gather_backward reads it; measured)."""
+    out = ctx.new(idx.shape, x.dtype, "gather", x.grad)
+    if x.grad:
+        ctx.save(idx, x)
+    return out
+
+
+def scatter(ctx: Context, x: Value, dim: int, idx: Value, src: Value | sp.Expr | None = None) -> Value:
+    """x.scatter(dim, idx, src or a scalar): saves the indices."""
+    grad = x.grad or (isinstance(src, Value) and src.grad)
+    out = ctx.new(x.shape, x.dtype, "scatter", grad)
+    if grad:
+        ctx.save(idx)
+    return out
+
+
+def save_for_backward(ctx: Context, *values: Value) -> None:
+    """A custom autograd Function's ctx.save_for_backward: keeps these tensors (its forward runs without autograd)."""
+    ctx.save(*values)
+
+
+def repeat_interleave(ctx: Context, x: Value, repeats: sp.Expr, dim: int) -> Value:
+    """x.repeat_interleave(repeats, dim): a new tensor, nothing saved (its gradient sums back)."""
+    dim = dim % len(x.shape)
+    shape = x.shape[:dim] + (x.shape[dim] * repeats,) + x.shape[dim + 1:]
+    return ctx.new(shape, x.dtype, "repeat_interleave", x.grad)
+
+
+def compare(ctx: Context, a: Value | sp.Expr, b: Value | sp.Expr) -> Value:
+    """An elementwise comparison (x > 0): a boolean tensor of the broadcast shape, no gradient, nothing saved."""
+    shape = broadcast(ctx, *(v.shape for v in (a, b) if isinstance(v, Value)))
+    return ctx.new(shape, "bool", "compare", False)
+
+
+def extremum(ctx: Context, op: str, a: Value, b: Value) -> Value:
+    """torch.minimum / torch.maximum of two tensors: saves both (the gradient goes where each is the extremum)."""
+    shape = broadcast(ctx, a.shape, b.shape)
+    lead = a if a.shape == shape else b
+    out = ctx.new(shape, promote(a.dtype, b.dtype), op, a.grad or b.grad, _layout_like(lead, shape))
+    if a.grad or b.grad:
+        ctx.save(a, b)
+    return out
 
 
 __all__ = ["BYTES", "Storage", "Value", "Context", "Op", "Step", "dense", "promote", "broadcast"]

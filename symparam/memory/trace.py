@@ -132,7 +132,7 @@ class Interpreter:
         loss = self.call_module(Module(root, root.key, ONE), [ids, labels], {})
         if isinstance(loss, Value):
             self.ctx.held.append(loss.storage)
-        kept = {s.ident for s, _ in self.ctx.saved}
+        kept = {k.ident for s, _ in self.ctx.saved for k in s.allocated()}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
         return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held)
 
@@ -200,16 +200,18 @@ class Interpreter:
         term = module.term
         groups = [term] if term.times != ONE else list(term.children)  # one kind is the stack itself
         x = args[0]
+        total = term.code.layers if term.code.layers is not None else sp.Add(*(g.times for g in groups))
         if x.grad or self.mode.trainable is None:
-            return self.run_layers(module, program, [(g, g.times) for g in groups], x, x.storage, args, kwargs)
+            return self.run_layers(module, program, [(g, g.times) for g in groups], total, x, x.storage, args, kwargs)
         first = [(g, self.first_layer(g.times)) for g in groups]
-        out = self.run_layers(module, program, first, x, x.storage, args, kwargs, whole=False)
+        at_zero = self.first_layer(total)
+        out = self.run_layers(module, program, first, at_zero, x, x.storage, args, kwargs, whole=False)
         rest = [(g, sp.expand(g.times - n)) for g, n in first]
         if all(n == 0 or (self.values and sp.sympify(n).xreplace(self.values) == 0) for _, n in rest):
             return out
         prior = Storage(x.storage.numel, x.dtype, module.path, "layer output")
         follow = Value(x.shape, ops.dense(x.shape), x.dtype, prior, out.grad)
-        return self.run_layers(module, program, rest, follow, prior, [follow, *args[1:]], kwargs, whole=False)
+        return self.run_layers(module, program, rest, sp.expand(total - at_zero), follow, prior, [follow, *args[1:]], kwargs, whole=False)
 
     def first_layer(self, count: sp.Expr) -> sp.Expr:
         """1 if layer 0 is among the layers a count stands for (N, N_dense, N - N_linear, ...), else 0."""
@@ -219,12 +221,11 @@ class Interpreter:
         at_zero = {make(name): sp.Integer(int(values.mask(name)[0])) for name in self.model.recipe.layer_symbols if make(name) in count.free_symbols}
         return sp.sympify(count).xreplace({**at_zero, make("N"): ONE})
 
-    def run_layers(self, module: Module, program: Program, groups: list[tuple[Term, sp.Expr]], x: Value, source: Storage,
+    def run_layers(self, module: Module, program: Program, groups: list[tuple[Term, sp.Expr]], layers: sp.Expr, x: Value, source: Storage,
                    args: list[Any], kwargs: dict[str, Any], whole: bool = True) -> Value:
-        """One run of the layer program over the layers `groups` count (each kind group with its copies)."""
+        """One run of the layer program over `layers` layers, each kind group with its copies."""
         term = module.term
         groups = [(g, n) for g, n in groups if n != 0]
-        layers = sp.Add(*(n for _, n in groups))
         found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}", n, child.key) for g, n in groups for child in g.children}
         slots = {slot: tuple(found[n, key] for n, key in variants if (n, key) in found) for slot, variants in term.code.slots}
         members = {key: m for (_, key), m in found.items()}
@@ -248,7 +249,13 @@ class Interpreter:
 
     def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
-        results = [self.call_module(m, args, kwargs) for m in variants.modules]
+        results = []
+        for m in variants.modules:
+            self.ctx.kinds.append((self.ctx.copies, m.copies))
+            try:
+                results.append(self.call_module(m, args, kwargs))
+            finally:
+                self.ctx.kinds.pop()
         return self.merge(results, variants.path)
 
     def merge(self, results: list[Any], where: str) -> Any:
@@ -262,9 +269,10 @@ class Interpreter:
             return first
         if any(not isinstance(r, Value) or len(r.shape) != len(first.shape) or any(sp.simplify(a - b) != 0 for a, b in zip(r.shape, first.shape)) or r.dtype != first.dtype for r in results):
             raise SymparamError(f"{where}: layer kinds return tensors of different shapes")
-        if len(results) == 1:
+        if len(results) == 1 or all(r.storage is first.storage for r in results):
             return first
-        return self.ctx.new(first.shape, first.dtype, "layer kinds", any(r.grad for r in results))
+        merged = self.ctx.new(first.shape, first.dtype, "layer kinds", any(r.grad for r in results))
+        return replace(merged, storage=replace(merged.storage, kinds=tuple(r.storage for r in results)))
 
     # ------------------------------------------------------------ programs
 
@@ -363,11 +371,13 @@ class Frame:
                 continue
             local = dict(scope)
             outer = (self.copies, it.ctx.copies)
+            it.ctx.kinds.append((it.ctx.copies, copies))
             self.copies = it.ctx.copies = copies
             try:
                 self.block(body, local)
             finally:
                 self.copies, it.ctx.copies = outer
+                it.ctx.kinds.pop()
             results.append(local)
         if len(results) == 1:
             scope.update(results[0])
@@ -505,6 +515,8 @@ class Frame:
         left = self.eval(node.left, scope)
         for op, right_node in zip(node.ops, node.comparators):
             right = self.eval(right_node, scope)
+            if (isinstance(left, Value) or isinstance(right, Value)) and type(op) in (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq):
+                return self.op("compare", [left, right], {}, node)  # an elementwise comparison: a boolean tensor
             if isinstance(op, (ast.Is, ast.IsNot)):
                 l_none = left is None or isinstance(left, Absent)
                 r_none = right is None or isinstance(right, Absent)
@@ -694,6 +706,20 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "detach": ops.detach,
     "cumsum": _integer("cumsum"),
     "histc": _integer("histc"),
+    **{f"{n}_": (lambda n: lambda ctx, a, b: ops.inplace(ctx, n, a, b))(n) for n in ("add", "sub", "mul", "div")},
+    "clamp": lambda ctx, x, low=None, high=None: ops.clamp(ctx, x, low, high),
+    "clamp_": lambda ctx, x, low=None, high=None: ops.clamp(ctx, x, low, high, inplace=True),
+    "masked_fill": ops.masked_fill,
+    "max": lambda ctx, x, dim=-1, keepdim=False: ops.max_dim(ctx, x, int(dim), bool(keepdim)),
+    "gather": lambda ctx, x, dim, idx: ops.gather(ctx, x, int(dim), idx),
+    "scatter": lambda ctx, x, dim, idx, src=None: ops.scatter(ctx, x, int(dim), idx, src),
+    "save_for_backward": ops.save_for_backward,
+    "repeat_interleave": lambda ctx, x, repeats, dim: ops.repeat_interleave(ctx, x, sp.sympify(repeats), int(dim)),
+    "compare": ops.compare,
+    "stack": lambda ctx, values, dim=-1: ops.cat(ctx, [ops.unsqueeze(ctx, v, int(dim)) for v in values], int(dim)),
+    "expm1": ops.unary("output", "expm1"),
+    "minimum": lambda ctx, a, b: ops.extremum(ctx, "minimum", a, b),
+    "maximum": lambda ctx, a, b: ops.extremum(ctx, "maximum", a, b),
 }
 
 
