@@ -453,14 +453,18 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
 
 def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, scale_operands: bool = True) -> Value:
     """PyTorch's reference attention (`_scaled_dot_product_attention_math`), where no fused kernel applies: q and k
-    scaled by sqrt(scale), scores, softmax, weighted values; autograd keeps what those ops save."""
+    scaled by sqrt(scale), scores, softmax, weighted values; autograd keeps what those ops save. On CPU it computes
+    bf16 and fp16 in fp32 (q, k and v cast up, the output cast back), as measured."""
+    dtype = q.dtype
+    if dtype in ("bf16", "fp16"):
+        q, k, v = (to(ctx, t, "fp32") for t in (q, k, v))
     q = binary(ctx, "mul", q, sp.Symbol("scale")) if scale_operands else q
     k = binary(ctx, "mul", k, sp.Symbol("scale")) if scale_operands else k
     w = matmul(ctx, q, transpose(ctx, k, -2, -1))
     if mask is not None:
         w = binary(ctx, "add", w, mask if mask.dtype != "bool" else ctx.new(mask.shape, q.dtype, "sdpa mask", False))
     w = softmax(ctx, w)
-    return matmul(ctx, w, v)
+    return to(ctx, matmul(ctx, w, v), dtype)
 
 
 def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:
