@@ -17,7 +17,7 @@ import sympy as sp
 from symparam.errors import SymparamError
 
 ONE = sp.Integer(1)
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "fp8": 1}
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "fp8": 1, "complex64": 8}
 FLOATS = ("fp16", "bf16", "fp32")
 _ids = _counter()
 
@@ -561,6 +561,18 @@ def repeat_interleave(ctx: Context, x: Value, repeats: sp.Expr, dim: int) -> Val
     dim = dim % len(x.shape)
     shape = x.shape[:dim] + (x.shape[dim] * repeats,) + x.shape[dim + 1:]
     return ctx.new(shape, x.dtype, "repeat_interleave", x.grad)
+
+
+def view_as_complex(ctx: Context, x: Value) -> Value:
+    """torch.view_as_complex: pairs of fp32 as complex64 over the same storage (the last dimension, of 2, dropped)."""
+    if x.dtype != "fp32" or x.shape[-1] != 2:
+        raise SymparamError(f"view_as_complex needs fp32 pairs, not {x.dtype} {list(x.shape)}")
+    return replace(x, shape=x.shape[:-1], strides=tuple(s / 2 for s in x.strides[:-1]), dtype="complex64")
+
+
+def view_as_real(ctx: Context, x: Value) -> Value:
+    """torch.view_as_real: complex64 as pairs of fp32 over the same storage."""
+    return replace(x, shape=x.shape + (sp.Integer(2),), strides=tuple(s * 2 for s in x.strides) + (ONE,), dtype="fp32")
 
 
 __all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]
