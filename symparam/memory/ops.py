@@ -17,7 +17,7 @@ import sympy as sp
 from symparam.errors import SymparamError
 
 ONE = sp.Integer(1)
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "uint8": 1, "fp8": 1}
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "uint8": 1, "fp8": 1, "complex64": 8}
 FLOATS = ("fp16", "bf16", "fp32")
 _ids = _counter()
 
@@ -484,14 +484,18 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
 
 def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, scale_operands: bool = True) -> Value:
     """PyTorch's reference attention (`_scaled_dot_product_attention_math`), where no fused kernel applies: q and k
-    scaled by sqrt(scale), scores, softmax, weighted values; autograd keeps what those ops save."""
+    scaled by sqrt(scale), scores, softmax, weighted values; autograd keeps what those ops save. On CPU it computes
+    bf16 and fp16 in fp32 (q, k and v cast up, the output cast back), as measured."""
+    dtype = q.dtype
+    if dtype in ("bf16", "fp16"):
+        q, k, v = (to(ctx, t, "fp32") for t in (q, k, v))
     q = binary(ctx, "mul", q, sp.Symbol("scale")) if scale_operands else q
     k = binary(ctx, "mul", k, sp.Symbol("scale")) if scale_operands else k
     w = matmul(ctx, q, transpose(ctx, k, -2, -1))
     if mask is not None:
         w = binary(ctx, "add", w, mask if mask.dtype != "bool" else ctx.new(mask.shape, q.dtype, "sdpa mask", False))
     w = softmax(ctx, w)
-    return matmul(ctx, w, v)
+    return to(ctx, matmul(ctx, w, v), dtype)
 
 
 def baddbmm(ctx: Context, base: Value, a: Value, b: Value) -> Value:
@@ -625,6 +629,18 @@ def extremum(ctx: Context, op: str, a: Value, b: Value) -> Value:
     if a.grad or b.grad:
         ctx.save(a, b)
     return out
+
+
+def view_as_complex(ctx: Context, x: Value) -> Value:
+    """torch.view_as_complex: pairs of fp32 as complex64 over the same storage (the last dimension, of 2, dropped)."""
+    if x.dtype != "fp32" or x.shape[-1] != 2:
+        raise SymparamError(f"view_as_complex needs fp32 pairs, not {x.dtype} {list(x.shape)}")
+    return replace(x, shape=x.shape[:-1], strides=tuple(s / 2 for s in x.strides[:-1]), dtype="complex64")
+
+
+def view_as_real(ctx: Context, x: Value) -> Value:
+    """torch.view_as_real: complex64 as pairs of fp32 over the same storage."""
+    return replace(x, shape=x.shape + (sp.Integer(2),), strides=tuple(s * 2 for s in x.strides) + (ONE,), dtype="fp32")
 
 
 __all__ = ["BYTES", "Storage", "Value", "Context", "Op", "Step", "dense", "promote", "broadcast"]

@@ -714,6 +714,8 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "gather": lambda ctx, x, dim, idx: ops.gather(ctx, x, int(dim), idx),
     "scatter": lambda ctx, x, dim, idx, src=None: ops.scatter(ctx, x, int(dim), idx, src),
     "save_for_backward": ops.save_for_backward,
+    "view_as_complex": ops.view_as_complex,
+    "view_as_real": ops.view_as_real,
     "repeat_interleave": lambda ctx, x, repeats, dim: ops.repeat_interleave(ctx, x, sp.sympify(repeats), int(dim)),
     "compare": ops.compare,
     "stack": lambda ctx, values, dim=-1: ops.cat(ctx, [ops.unsqueeze(ctx, v, int(dim)) for v in values], int(dim)),
