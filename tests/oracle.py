@@ -233,6 +233,7 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
 
     generator = torch.Generator().manual_seed(batch * 1000 + seq)
     ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq), generator=generator)
+    created[ids.untyped_storage().data_ptr()] = "(inputs)"  # the batch's, also where a model first views it
     try:
         with Creators(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(input_ids=ids, labels=ids)

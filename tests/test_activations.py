@@ -43,10 +43,14 @@ def compare(config: dict[str, Any], dtype: str, attention: str, checkpointing: b
     """Per module, then the total, at each (B, S): a miss names the module and the point."""
     model = symparam.load(config)
     tree = {path for node, _, _, path in walk(model.tree) if not node.is_leaf}
-    found = activations(model, Mode(act=dtype, attention=attention), "full" if checkpointing else "none", {B: points[0][0], S: points[0][1]})
-    formulas = found.by_module()
+    derived = []  # a formula holds where the conditions its branches took do (B = 1 or not, S <= W or not)
     for batch, seq in points:
         subs = {**as_subs(model.values), B: sp.Integer(batch), S: sp.Integer(seq)}
+        found = next((a for a in derived if all(bool(c.xreplace(subs)) for c in a.assumed)), None)
+        if found is None:
+            found = activations(model, Mode(act=dtype, attention=attention), "full" if checkpointing else "none", {B: batch, S: seq})
+            derived.append(found)
+        formulas = found.by_module()
         mine = {name: int(expr.xreplace(subs)) for name, expr in formulas.items()}
         mine = {k: v for k, v in mine.items() if v}
         reference = saved_bytes(config, dtype, attention, checkpointing, batch, seq, modules=tree)

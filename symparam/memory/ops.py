@@ -87,8 +87,17 @@ class Context:
     def contiguous(self, x: Value) -> bool:
         """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
         and S, B: then an assumption of the formula) do not count."""
-        return all(self.same(n, ONE) or sp.simplify(s - c) == 0 for n, s, c in zip(x.shape, x.strides, dense(x.shape))
+        return all(self.one(n) or sp.simplify(s - c) == 0 for n, s, c in zip(x.shape, x.strides, dense(x.shape))
                    if sp.simplify(s - c) != 0)
+
+    def one(self, n: sp.Expr) -> bool:
+        """Whether a size is 1, as a formula or at the model's values; decided by the values either way, it is an
+        assumption of the formula (B = 1, or B != 1: a copy the layout needs only past one sequence)."""
+        if self.same(n, ONE):
+            return True
+        if self.values and sp.sympify(n).free_symbols:
+            self.assumed.append(sp.Ne(n, ONE))
+        return False
 
     def same(self, a: sp.Expr, b: sp.Expr) -> bool:
         """Whether two sizes are equal: as formulas, or at the model's values (remembered as an assumption)."""
@@ -394,13 +403,13 @@ def where(ctx: Context, cond: Value, a: Value | sp.Expr, b: Value | sp.Expr) -> 
 
 
 def dropout(ctx: Context, x: Value, p: float) -> Value:
-    """Dropout in training: p = 0 returns its input; otherwise it saves a boolean mask of x's size."""
+    """Dropout in training, as CPU autograd runs it (`_dropout_impl`): p = 0 returns its input; otherwise a noise tensor
+    of x's dtype (bernoulli, divided by 1 - p) multiplies x, and the product saves the noise for x's gradient (CUDA's
+    fused `native_dropout` saves a boolean mask instead)."""
     if not p:
         return x
-    out = ctx.new(x.shape, x.dtype, "dropout", x.grad)
-    if x.grad:
-        ctx.save(ctx.new(x.shape, "bool", "dropout mask", False))
-    return out
+    noise = ctx.new(x.shape, x.dtype, "dropout noise", False, _layout_like(x, x.shape))
+    return binary(ctx, "mul", x, noise)
 
 
 def index(ctx: Context, x: Value, idx: Value) -> Value:
@@ -449,16 +458,17 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
     return out
 
 
-def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, scale_operands: bool = True) -> Value:
-    """PyTorch's reference attention (`_scaled_dot_product_attention_math`), where no fused kernel applies: q and k
-    scaled by sqrt(scale), scores, softmax, weighted values; autograd keeps what those ops save."""
-    q = binary(ctx, "mul", q, sp.Symbol("scale")) if scale_operands else q
-    k = binary(ctx, "mul", k, sp.Symbol("scale")) if scale_operands else k
-    w = matmul(ctx, q, transpose(ctx, k, -2, -1))
-    if mask is not None:
-        w = binary(ctx, "add", w, mask if mask.dtype != "bool" else ctx.new(mask.shape, q.dtype, "sdpa mask", False))
-    w = softmax(ctx, w)
-    return matmul(ctx, w, v)
+def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, p: float = 0) -> Value:
+    """PyTorch's reference attention (`_scaled_dot_product_attention_math`), where no fused kernel applies (on CPU: a
+    value head size unlike the key's, attention dropout): q, k, v upcast to fp32 where they are bf16/fp16, q and k^T
+    each scaled by sqrt(scale), scores (the mask added in place), softmax, dropout, weighted values cast back; autograd
+    keeps what those ops save."""
+    origin = q.dtype
+    q, k, v = (to(ctx, t, "fp32") if t.dtype in ("bf16", "fp16") else t for t in (q, k, v))
+    q = binary(ctx, "mul", q, sp.Symbol("scale"))
+    w = matmul(ctx, q, binary(ctx, "mul", transpose(ctx, k, -2, -1), sp.Symbol("scale")))
+    w = dropout(ctx, softmax(ctx, w), p)
+    return to(ctx, matmul(ctx, w, v), origin)
 
 
 def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:
@@ -471,10 +481,12 @@ def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:
 
 
 def layer_norm(ctx: Context, x: Value, weight: Value | None, bias: Value | None) -> Value:
-    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std (fp32)."""
+    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std, which the
+    CPU kernel keeps in the input's dtype (fp32 only where a bf16/fp16 input meets fp32 parameters; CUDA's are fp32)."""
     out = ctx.new(x.shape, x.dtype, "layer_norm", x.grad or bool(weight and weight.grad))
     rows = x.shape[:-1] + (ONE,)
-    ctx.save(x, ctx.new(rows, "fp32", "layer_norm mean", False), ctx.new(rows, "fp32", "layer_norm rstd", False))
+    stats = "fp32" if x.dtype in ("bf16", "fp16") and weight is not None and weight.dtype == "fp32" else x.dtype
+    ctx.save(x, ctx.new(rows, stats, "layer_norm mean", False), ctx.new(rows, stats, "layer_norm rstd", False))
     return out
 
 
