@@ -24,6 +24,7 @@ class Code:
     stack: bool = False  # the decoder-layer stack: the program runs once per layer kind
     entries: tuple[str, ...] = ()  # every module and tensor the block declares (a call of one it does not build passes through)
     kernel: str = ""  # where the forward is a CPU reference path a GPU replaces with a fused kernel: which, and what it keeps
+    no_checkpointing: str = ""  # a layer stack transformers cannot checkpoint: why
 
 
 @dataclass(frozen=True)

@@ -182,8 +182,16 @@ def trained_model(config_json: str, dtype: str) -> nn.Module:
 
     torch.manual_seed(0)
     cfg = hf_config(json.loads(config_json))
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    except ValueError:  # a model without an sdpa path (OpenAI GPT, CTRL, RWKV) runs its own attention in every mode
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     return model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+
+
+def checkpointable(config: dict[str, Any]) -> bool:
+    """Whether transformers can checkpoint the model's layers (gradient_checkpointing_enable refuses otherwise)."""
+    return trained_model(json.dumps(config, sort_keys=True), "bf16").supports_gradient_checkpointing
 
 
 def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "sdpa", checkpointing: bool = False,
@@ -196,7 +204,8 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     from torch.utils._pytree import tree_flatten
 
     model = trained_model(json.dumps(config, sort_keys=True), dtype)
-    model.set_attn_implementation(attention)
+    if attention == "eager" or model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(attention)
     if checkpointing:
         model.gradient_checkpointing_enable()
     else:

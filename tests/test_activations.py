@@ -15,6 +15,7 @@ import sympy as sp
 from hypothesis import HealthCheck, given, settings
 
 import symparam
+from symparam.errors import SymparamError
 from symparam.components import walk
 from symparam.config import as_subs
 from symparam.memory.activations import activations
@@ -23,7 +24,7 @@ from symparam.recipes import REGISTRY
 from symparam.symbols import B, S
 
 from families import random_config, tiny_config
-from oracle import saved_bytes
+from oracle import checkpointable, saved_bytes
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -43,6 +44,10 @@ def compare(config: dict[str, Any], dtype: str, attention: str, checkpointing: b
     """Per module, then the total, at each (B, S): a miss names the module and the point."""
     model = symparam.load(config)
     tree = {path for node, _, _, path in walk(model.tree) if not node.is_leaf}
+    if checkpointing and not checkpointable(config):  # transformers refuses: so does symparam
+        with pytest.raises(SymparamError, match="--checkpointing full"):
+            activations(model, Mode(act=dtype, attention=attention), "full", {B: points[0][0], S: points[0][1]})
+        return
     derived = []  # a formula holds where the conditions its branches took do (B = 1 or not, S <= W or not)
     for batch, seq in points:
         subs = {**as_subs(model.values), B: sp.Integer(batch), S: sp.Integer(seq)}

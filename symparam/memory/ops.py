@@ -210,7 +210,7 @@ def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[s
     """PyTorch's computeStride over symbolic sizes: the strides of a view, or None where only a copy can reshape."""
     if ctx.contiguous(x):
         return dense(shape)
-    same = lambda a, b: sp.simplify(a - b) == 0  # noqa: E731
+    same = ctx.same  # sizes equal at the model's values are equal to PyTorch (an assumption of the formula)
     new = [ONE] * len(shape)
     view_d = len(shape) - 1
     base = x.strides[-1]
@@ -218,7 +218,7 @@ def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[s
     for d in range(len(x.shape) - 1, -1, -1):
         tensor_numel = tensor_numel * x.shape[d]
         if d == 0 or (not ctx.same(x.shape[d - 1], ONE) and not same(x.strides[d - 1], tensor_numel * base)):
-            while view_d >= 0 and (not same(view_numel, tensor_numel) or shape[view_d] == 1):
+            while view_d >= 0 and (not same(view_numel, tensor_numel) or same(shape[view_d], ONE)):
                 new[view_d] = view_numel * base
                 view_numel = view_numel * shape[view_d]
                 view_d -= 1

@@ -47,6 +47,7 @@ class Trace:
     layers: list[LayerCall] = field(default_factory=list)  # each run of a decoder-layer stack (checkpointing reads it)
     assumed: list[sp.Basic] = field(default_factory=list)  # conditions on sizes the branches took (S > W, h > h_kv)
     kernels: dict[str, str] = field(default_factory=dict)  # module -> the GPU kernel its CPU reference path stands in for
+    uncheckpointed: dict[str, str] = field(default_factory=dict)  # layer stack -> why transformers cannot checkpoint it
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Interpreter:
         self.ctx = Context("", ONE, [], [], mode.act, self.values, self.assumed)
         self.layers: list[LayerCall] = []
         self.kernels: dict[str, str] = {}
+        self.uncheckpointed: dict[str, str] = {}
         self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
 
@@ -116,7 +118,7 @@ class Interpreter:
         self.call_module(Module(root, root.key, ONE), [ids, labels], {})
         kept = {s.ident for s, _ in self.ctx.saved}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
-        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels)
+        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels, self.uncheckpointed)
 
     def input(self, what: str) -> Value:
         storage = Storage(B * S, "int64", INPUTS, what)
@@ -134,6 +136,8 @@ class Interpreter:
         if term.code.kernel:
             self.kernels[module.path] = term.code.kernel
         if term.code.stack:
+            if term.code.no_checkpointing:
+                self.uncheckpointed[module.path] = term.code.no_checkpointing
             return self.call_stack(module, program, args, kwargs)
         env = dict(term.code.env)
         children = self.children(module)
@@ -179,10 +183,14 @@ class Interpreter:
             out = self.execute(program, module.path, layers, [inner, *args[1:]], kwargs, dict(term.code.env), {}, "", term.code.entries)
         finally:
             self.slots, self.kinds = outer_slots, outer_kinds
-        self.layers.append(LayerCall(module.path, layers, inputs, range(start, len(self.ctx.saved))))
         if not isinstance(out, Value):
             raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor")
-        last = Storage(out.storage.numel, out.dtype, module.path, "last layer output")
+        maker = out.storage.module  # what makes a layer's output, and so the next layer's input: its residual add, or a post-norm
+        if maker != module.path:
+            inputs = replace(inputs, owners=((x.storage.module, ONE), (maker, layers - 1)))
+            self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
+        self.layers.append(LayerCall(module.path, layers, inputs, range(start, len(self.ctx.saved))))
+        last = Storage(out.storage.numel, out.dtype, maker, "last layer output")
         return replace(out, storage=last)
 
     def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -540,9 +548,11 @@ def _shape(args: tuple) -> list[sp.Expr]:
     return [_size(n) for n in items]
 
 
-def _tensor(ctx: Context, *shape: Any, dtype: str = "act", grad: bool = False) -> Value:
-    """A tensor made without autograd (positions, masks, rotary tables, indices): nothing saved for it."""
-    return ctx.new(_shape(shape), ctx.act if dtype == "act" else dtype, "tensor", grad)
+def _tensor(ctx: Context, *shape: Any, dtype: str = "act", grad: bool = False, buffer: bool = False) -> Value:
+    """A tensor made without autograd (positions, masks, rotary tables, indices): nothing saved for it; `buffer=True`:
+    a slice of a module's buffer (a registered position-id or causal-mask table), which is never an activation."""
+    value = ctx.new(_shape(shape), ctx.act if dtype == "act" else dtype, "tensor", grad)
+    return replace(value, storage=replace(value.storage, param=True)) if buffer else value
 
 
 def _unsupported(ctx: Context, what: str, name: Any) -> Value:
