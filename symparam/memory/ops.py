@@ -87,7 +87,7 @@ class Context:
     def contiguous(self, x: Value) -> bool:
         """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
         and S, B: then an assumption of the formula) do not count."""
-        return all(self.one(n) or sp.simplify(s - c) == 0 for n, s, c in zip(x.shape, x.strides, dense(x.shape))
+        return all(self.same(s, c) or self.one(n) for n, s, c in zip(x.shape, x.strides, dense(x.shape))
                    if sp.simplify(s - c) != 0)
 
     def one(self, n: sp.Expr) -> bool:
@@ -446,11 +446,12 @@ def grouped_mm(ctx: Context, x: Value, weight: Value, offsets: Value) -> Value:
 
 def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -> Value:
     """PyTorch's fused attention kernel (CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA's flash kernel keeps
-    the same): saves q, k, v, its output (laid out [B, S, h, d_v]) and the fp32 log-sum-exp per query row; a boolean
+    the same): saves q, k, v, its output (laid out in q's dimension order, measured: [B, S, h, d_v] for heads split
+    from a projection, [B, h, S, d_v] for a contiguous q) and the fp32 log-sum-exp per query row; a boolean
     mask is first turned into an additive mask of the query's dtype, which it saves too."""
     b, h, s, _ = q.shape
     dv = v.shape[-1]
-    out = ctx.new((b, h, s, dv), q.dtype, "sdpa", q.grad or k.grad or v.grad, strides=(s * h * dv, dv, h * dv, ONE))
+    out = ctx.new((b, h, s, dv), q.dtype, "sdpa", q.grad or k.grad or v.grad, strides=_layout_like(replace(q, shape=(b, h, s, dv)), (b, h, s, dv)))
     lse = ctx.new((b, h, s), "fp32", "sdpa logsumexp", False)
     if mask is not None and mask.dtype == "bool":
         mask = ctx.new(mask.shape, q.dtype, "sdpa mask", False)

@@ -168,7 +168,7 @@ class Interpreter:
         stands for the embedding output (layer 0) and every other layer's output."""
         term = module.term
         groups = [term] if term.times != ONE else list(term.children)  # one kind is the stack itself
-        layers = sp.Add(*(g.times for g in groups))
+        layers = term.code.layers
         found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}", g.times, child.key) for g in groups for child in g.children}
         slots = {slot: tuple(found[n, key] for n, key in variants if (n, key) in found) for slot, variants in term.code.slots}
         members = {key: m for (_, key), m in found.items()}
@@ -613,6 +613,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "unsupported": _unsupported,
     "cumsum": _integer("cumsum"),
     "histc": _integer("histc"),
+    "baddbmm": lambda ctx, c, a, b, beta=1, alpha=1: ops.matmul(ctx, a, b),  # c*beta + alpha*(a @ b): saves what bmm saves
 }
 
 
