@@ -496,4 +496,31 @@ def pad(ctx: Context, x: Value, left: sp.Expr, right: sp.Expr) -> Value:
     return ctx.new(x.shape[:-1] + (x.shape[-1] + left + right,), x.dtype, "pad", x.grad)
 
 
+def gather(ctx: Context, x: Value, dim: int, idx: Value) -> Value:
+    """torch.gather: values of x at the indices along `dim`, in the indices' shape; saves x and the indices (measured)."""
+    out = ctx.new(idx.shape, x.dtype, "gather", x.grad)
+    if x.grad:
+        ctx.save(idx, x)
+    return out
+
+
+def repeat(ctx: Context, x: Value, *times: sp.Expr) -> Value:
+    """Tensor.repeat: x tiled `times` along each dimension (leading ones added); nothing saved (its gradient sums)."""
+    sizes = (ONE,) * (len(times) - len(x.shape)) + x.shape
+    return ctx.new(tuple(n * t for n, t in zip(sizes, times)), x.dtype, "repeat", x.grad)
+
+
+def repeat_interleave(ctx: Context, x: Value, times: sp.Expr, dim: int) -> Value:
+    """torch.repeat_interleave by a number: each entry along `dim` `times` times; nothing saved (its gradient sums)."""
+    dim = dim % len(x.shape)
+    return ctx.new(x.shape[:dim] + (x.shape[dim] * times,) + x.shape[dim + 1:], x.dtype, "repeat_interleave", x.grad)
+
+
+def stack(ctx: Context, values: Sequence[Value], dim: int) -> Value:
+    """torch.stack: the tensors along a new dimension; nothing saved."""
+    dim = dim % (len(values[0].shape) + 1)
+    shape = values[0].shape[:dim] + (sp.Integer(len(values)),) + values[0].shape[dim:]
+    return ctx.new(shape, promote(*(v.dtype for v in values)), "stack", any(v.grad for v in values))
+
+
 __all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]

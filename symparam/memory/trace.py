@@ -614,6 +614,10 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "cumsum": _integer("cumsum"),
     "histc": _integer("histc"),
     "baddbmm": lambda ctx, c, a, b, beta=1, alpha=1: ops.matmul(ctx, a, b),  # c*beta + alpha*(a @ b): saves what bmm saves
+    "gather": lambda ctx, x, dim, idx: ops.gather(ctx, x, int(dim), idx),
+    "repeat": lambda ctx, x, *times: ops.repeat(ctx, x, *_shape(times)),
+    "repeat_interleave": lambda ctx, x, times, dim: ops.repeat_interleave(ctx, x, _size(times), int(dim)),
+    "stack": lambda ctx, values, dim: ops.stack(ctx, list(values), int(dim)),
 }
 
 
