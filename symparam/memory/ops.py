@@ -461,11 +461,13 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
 
 def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, p: float = 0) -> Value:
     """PyTorch's reference attention (`_scaled_dot_product_attention_math`), where no fused kernel applies (on CPU: a
-    value head size unlike the key's, attention dropout): q, k, v upcast to fp32 where they are bf16/fp16, q and k^T
-    each scaled by sqrt(scale), scores (the mask added in place), softmax, dropout, weighted values cast back; autograd
-    keeps what those ops save."""
+    value head size unlike the key's, attention dropout): q, k, v upcast to fp32 where they are bf16/fp16, key and
+    value heads repeated for grouped queries (enable_gqa), q and k^T each scaled by sqrt(scale), scores (the mask added
+    in place), softmax, dropout, weighted values cast back; autograd keeps what those ops save."""
     origin = q.dtype
     q, k, v = (to(ctx, t, "fp32") if t.dtype in ("bf16", "fp16") else t for t in (q, k, v))
+    if not ctx.same(k.shape[-3], q.shape[-3]):  # enable_gqa: each key/value head repeated for its query heads
+        k, v = (repeat_interleave(ctx, t, q.shape[-3] / k.shape[-3], -3) for t in (k, v))
     q = binary(ctx, "mul", q, sp.Symbol("scale"))
     w = matmul(ctx, q, binary(ctx, "mul", transpose(ctx, k, -2, -1), sp.Symbol("scale")))
     w = dropout(ctx, softmax(ctx, w), p)
