@@ -25,6 +25,7 @@ class Code:
     layers: sp.Expr | None = None  # a stack: how many layers it has (its kinds may overlap: every layer's norms, N_dense MLPs)
     entries: tuple[str, ...] = ()  # every module and tensor the block declares (a call of one it does not build passes through)
     kernel: str = ""  # where the forward is a CPU reference path a GPU replaces with a fused kernel: which, and what it keeps
+    no_checkpointing: str = ""  # a layer stack transformers cannot checkpoint: why
 
 
 @dataclass(frozen=True)

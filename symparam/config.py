@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +23,8 @@ from symparam.rules import Uniform, compile_rule, lookup_in, message_text
 from symparam.symbols import MAX_VALUE, make, parse
 
 MAX_CONFIG = 16 * 2**20  # bytes of a config.json read at most (published ones are under 100 kB)
+
+_NAME = re.compile(r"[A-Za-z_]\w*")  # a name a forward program may read
 
 
 @dataclass(frozen=True)
@@ -334,6 +338,10 @@ def _optional(recipe: Recipe, tree: Term) -> list[str]:
     for node, *_ in walk(tree):
         for _, items in node.facts:
             found |= {str(s) for _, v in items if isinstance(v, sp.Expr) for s in v.free_symbols}
+        if node.code is not None:  # what the forward programs read (activation memory, the shape walk)
+            found |= set(_NAME.findall(node.code.text))
+    for text in recipe.functions.values():
+        found |= set(_NAME.findall(text))
     for rule in recipe.checks:
         found |= set(compile_rule(rule, "check").reads)
     return sorted(found & set(recipe.symbols))

@@ -140,8 +140,8 @@ def random_config(draw, family: str) -> dict[str, Any]:
     put("k", draw(st.integers(1, experts)))
     for name, s in recipe.symbols.items():
         key = first_key(recipe, name, base)
-        if name in CORE or s.layers is not None or key is None or type(read(key)) is not int:
-            continue
+        if name in CORE or s.layers is not None or key is None or key in values or type(read(key)) is not int:
+            continue  # a key a core size set keeps its value (GPT-Neo's h and the global h_ssm both read num_heads)
         values[key] = draw(st.integers(0 if s.zero else 1, 3)) * (1 if s.zero else 2)  # small and even (RoPE halves)
     for rule in recipe.switches.values():
         if type(base.get(rule.text)) is bool:

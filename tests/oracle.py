@@ -251,7 +251,11 @@ def trained_model(config_json: str, dtype: str, lora_json: str = "null", nf4: bo
 
     torch.manual_seed(0)
     cfg = hf_config(json.loads(config_json))
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch_dtype)
+    except ValueError:  # a model without an sdpa path (OpenAI GPT, CTRL, RWKV) runs its own attention in every mode
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch_dtype)
     if nf4:
         model = to_nf4(model)
     lora = json.loads(lora_json)
@@ -271,6 +275,11 @@ def peft_name(name: str) -> str:
     return WRAPPED.sub("", PEFT_PREFIX.sub("", name))
 
 
+def checkpointable(config: dict[str, Any]) -> bool:
+    """Whether transformers can checkpoint the model's layers (gradient_checkpointing_enable refuses otherwise)."""
+    return trained_model(json.dumps(config, sort_keys=True), "bf16").supports_gradient_checkpointing
+
+
 def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "sdpa", checkpointing: bool = False,
                 batch: int = 2, seq: int = 5, modules: set[str] | None = None, lora: dict[str, Any] | None = None,
                 nf4: bool = False) -> dict[str, int]:
@@ -282,7 +291,8 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     from torch.utils._pytree import tree_flatten
 
     model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True), nf4)
-    model.set_attn_implementation(attention)
+    if attention == "eager" or model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(attention)
     if checkpointing:
         model.gradient_checkpointing_enable()
     else:
@@ -319,6 +329,7 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
 
     generator = torch.Generator().manual_seed(batch * 1000 + seq)
     ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq), generator=generator)
+    created[ids.untyped_storage().data_ptr()] = "(inputs)"  # the batch's, also where a model first views it
     try:
         with Creators(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(input_ids=ids, labels=ids)

@@ -96,8 +96,17 @@ class Context:
     def contiguous(self, x: Value) -> bool:
         """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
         and S, B: then an assumption of the formula) do not count."""
-        return all(self.same(n, ONE) or sp.simplify(s - c) == 0 for n, s, c in zip(x.shape, x.strides, dense(x.shape))
+        return all(self.same(s, c) or self.one(n) for n, s, c in zip(x.shape, x.strides, dense(x.shape))
                    if sp.simplify(s - c) != 0)
+
+    def one(self, n: sp.Expr) -> bool:
+        """Whether a size is 1, as a formula or at the model's values; decided by the values either way, it is an
+        assumption of the formula (B = 1, or B != 1: a copy the layout needs only past one sequence)."""
+        if self.same(n, ONE):
+            return True
+        if self.values and sp.sympify(n).free_symbols:
+            self.assumed.append(sp.Ne(n, ONE))
+        return False
 
     def same(self, a: sp.Expr, b: sp.Expr) -> bool:
         """Whether two sizes are equal: as formulas, or at the model's values (remembered as an assumption)."""
@@ -232,7 +241,7 @@ def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[s
     """PyTorch's computeStride over symbolic sizes: the strides of a view, or None where only a copy can reshape."""
     if ctx.contiguous(x):
         return dense(shape)
-    same = lambda a, b: sp.simplify(a - b) == 0  # noqa: E731
+    same = ctx.same  # sizes equal at the model's values are equal to PyTorch (an assumption of the formula)
     new = [ONE] * len(shape)
     view_d = len(shape) - 1
     base = x.strides[-1]
@@ -240,7 +249,7 @@ def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[s
     for d in range(len(x.shape) - 1, -1, -1):
         tensor_numel = tensor_numel * x.shape[d]
         if d == 0 or (not ctx.same(x.shape[d - 1], ONE) and not same(x.strides[d - 1], tensor_numel * base)):
-            while view_d >= 0 and (not same(view_numel, tensor_numel) or shape[view_d] == 1):
+            while view_d >= 0 and (not same(view_numel, tensor_numel) or same(shape[view_d], ONE)):
                 new[view_d] = view_numel * base
                 view_numel = view_numel * shape[view_d]
                 view_d -= 1
@@ -425,13 +434,13 @@ def where(ctx: Context, cond: Value, a: Value | sp.Expr, b: Value | sp.Expr) -> 
 
 
 def dropout(ctx: Context, x: Value, p: float) -> Value:
-    """Dropout in training: p = 0 returns its input; otherwise it saves a boolean mask of x's size."""
+    """Dropout in training, as CPU autograd runs it (`_dropout_impl`): p = 0 returns its input; otherwise a noise tensor
+    of x's dtype (bernoulli, divided by 1 - p) multiplies x, and the product saves the noise for x's gradient (CUDA's
+    fused `native_dropout` saves a boolean mask instead)."""
     if not p:
         return x
-    out = ctx.new(x.shape, x.dtype, "dropout", x.grad)
-    if x.grad:
-        ctx.save(ctx.new(x.shape, "bool", "dropout mask", False))
-    return out
+    noise = ctx.new(x.shape, x.dtype, "dropout noise", False, _layout_like(x, x.shape))
+    return binary(ctx, "mul", x, noise)
 
 
 def index(ctx: Context, x: Value, idx: Value) -> Value:
@@ -468,8 +477,8 @@ def grouped_mm(ctx: Context, x: Value, weight: Value, offsets: Value) -> Value:
 
 def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -> Value:
     """PyTorch's fused attention kernel (CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA's flash kernel keeps
-    the same): saves q, k, v, its output (laid out as q is: [B, S, h, d_v] for heads split from a projection) and
-    the fp32 log-sum-exp per query row; a boolean
+    the same): saves q, k, v, its output (laid out in q's dimension order, measured: [B, S, h, d_v] for heads split
+    from a projection, [B, h, S, d_v] for a contiguous q) and the fp32 log-sum-exp per query row; a boolean
     mask is first turned into an additive mask of the query's dtype, which it saves too."""
     b, h, s, _ = q.shape
     dv = v.shape[-1]
@@ -482,20 +491,21 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
     return out
 
 
-def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, scale_operands: bool = True) -> Value:
-    """PyTorch's reference attention (`_scaled_dot_product_attention_math`), where no fused kernel applies: q and k
-    scaled by sqrt(scale), scores, softmax, weighted values; autograd keeps what those ops save. On CPU it computes
-    bf16 and fp16 in fp32 (q, k and v cast up, the output cast back), as measured."""
-    dtype = q.dtype
-    if dtype in ("bf16", "fp16"):
-        q, k, v = (to(ctx, t, "fp32") for t in (q, k, v))
-    q = binary(ctx, "mul", q, sp.Symbol("scale")) if scale_operands else q
-    k = binary(ctx, "mul", k, sp.Symbol("scale")) if scale_operands else k
-    w = matmul(ctx, q, transpose(ctx, k, -2, -1))
+def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, p: float = 0) -> Value:
+    """PyTorch's reference attention (`_scaled_dot_product_attention_math`), where no fused kernel applies (on CPU: a
+    value head size unlike the key's, attention dropout): q, k, v upcast to fp32 where they are bf16/fp16 (measured),
+    key and value heads repeated for grouped queries (enable_gqa), q and k^T each scaled by sqrt(scale), scores (the
+    mask added), softmax, dropout, weighted values cast back; autograd keeps what those ops save."""
+    origin = q.dtype
+    q, k, v = (to(ctx, t, "fp32") if t.dtype in ("bf16", "fp16") else t for t in (q, k, v))
+    if not ctx.same(k.shape[-3], q.shape[-3]):  # enable_gqa: each key/value head repeated for its query heads
+        k, v = (repeat_interleave(ctx, t, q.shape[-3] / k.shape[-3], -3) for t in (k, v))
+    q = binary(ctx, "mul", q, sp.Symbol("scale"))
+    w = matmul(ctx, q, binary(ctx, "mul", transpose(ctx, k, -2, -1), sp.Symbol("scale")))
     if mask is not None:
         w = binary(ctx, "add", w, mask if mask.dtype != "bool" else ctx.new(mask.shape, q.dtype, "sdpa mask", False))
-    w = softmax(ctx, w)
-    return to(ctx, matmul(ctx, w, v), dtype)
+    w = dropout(ctx, softmax(ctx, w), p)
+    return to(ctx, matmul(ctx, w, v), origin)
 
 
 def baddbmm(ctx: Context, base: Value, a: Value, b: Value) -> Value:
@@ -529,11 +539,12 @@ def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:
 
 
 def layer_norm(ctx: Context, x: Value, weight: Value | None, bias: Value | None) -> Value:
-    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std (in the
-    input's dtype on CPU, as measured for bf16)."""
+    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std, which the
+    CPU kernel keeps in the input's dtype (fp32 only where a bf16/fp16 input meets fp32 parameters; CUDA's are fp32)."""
     out = ctx.new(x.shape, x.dtype, "layer_norm", x.grad or bool(weight and weight.grad))
     rows = x.shape[:-1] + (ONE,)
-    ctx.save(x, ctx.new(rows, x.dtype, "layer_norm mean", False), ctx.new(rows, x.dtype, "layer_norm rstd", False))
+    stats = "fp32" if x.dtype in ("bf16", "fp16") and weight is not None and weight.dtype == "fp32" else x.dtype
+    ctx.save(x, ctx.new(rows, stats, "layer_norm mean", False), ctx.new(rows, stats, "layer_norm rstd", False))
     return out
 
 
@@ -587,7 +598,7 @@ def max_dim(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> tup
 
 
 def gather(ctx: Context, x: Value, dim: int, idx: Value) -> Value:
-    """x.gather(dim, idx): saves the indices and x itself (gather_backward reads it; measured)."""
+    """torch.gather: values of x at the indices along `dim`, in the indices' shape; saves x and the indices (measured)."""
     out = ctx.new(idx.shape, x.dtype, "gather", x.grad)
     if x.grad:
         ctx.save(idx, x)
@@ -608,11 +619,23 @@ def save_for_backward(ctx: Context, *values: Value) -> None:
     ctx.save(*values)
 
 
-def repeat_interleave(ctx: Context, x: Value, repeats: sp.Expr, dim: int) -> Value:
-    """x.repeat_interleave(repeats, dim): a new tensor, nothing saved (its gradient sums back)."""
+def repeat(ctx: Context, x: Value, *times: sp.Expr) -> Value:
+    """Tensor.repeat: x tiled `times` along each dimension (leading ones added); nothing saved (its gradient sums)."""
+    sizes = (ONE,) * (len(times) - len(x.shape)) + x.shape
+    return ctx.new(tuple(n * t for n, t in zip(sizes, times)), x.dtype, "repeat", x.grad)
+
+
+def repeat_interleave(ctx: Context, x: Value, times: sp.Expr, dim: int) -> Value:
+    """torch.repeat_interleave by a number: each entry along `dim` `times` times; nothing saved (its gradient sums)."""
     dim = dim % len(x.shape)
-    shape = x.shape[:dim] + (x.shape[dim] * repeats,) + x.shape[dim + 1:]
-    return ctx.new(shape, x.dtype, "repeat_interleave", x.grad)
+    return ctx.new(x.shape[:dim] + (x.shape[dim] * times,) + x.shape[dim + 1:], x.dtype, "repeat_interleave", x.grad)
+
+
+def stack(ctx: Context, values: Sequence[Value], dim: int) -> Value:
+    """torch.stack: the tensors along a new dimension; nothing saved."""
+    dim = dim % (len(values[0].shape) + 1)
+    shape = values[0].shape[:dim] + (sp.Integer(len(values)),) + values[0].shape[dim:]
+    return ctx.new(shape, promote(*(v.dtype for v in values)), "stack", any(v.grad for v in values))
 
 
 def compare(ctx: Context, a: Value | sp.Expr, b: Value | sp.Expr) -> Value:

@@ -50,6 +50,8 @@ class Trace:
     ops: list[Op] = field(default_factory=list)  # every operation, its inputs and outputs
     held: list[Storage] = field(default_factory=list)  # what the caller holds after the forward: logits, the KV cache
 
+    uncheckpointed: dict[str, str] = field(default_factory=dict)  # layer stack -> why transformers cannot checkpoint it
+
     @property
     def loss_saves(self) -> list[Storage]:
         """What the last operation (the loss) saved: freed when its backward runs, first."""
@@ -120,6 +122,7 @@ class Interpreter:
         self.layers: list[LayerCall] = []
         self.kernels: dict[str, str] = {}
         self.leaves = {path: node for node, _, _, path in walk(model.tree) if node.is_leaf}  # parameters by path
+        self.uncheckpointed: dict[str, str] = {}
         self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
 
@@ -134,7 +137,7 @@ class Interpreter:
             self.ctx.held.append(loss.storage)
         kept = {k.ident for s, _ in self.ctx.saved for k in s.allocated()}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
-        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held)
+        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held, self.uncheckpointed)
 
     def input(self, what: str) -> Value:
         storage = Storage(B * S, "int64", INPUTS, what)
@@ -152,6 +155,8 @@ class Interpreter:
         if term.code.kernel:
             self.kernels[module.path] = term.code.kernel
         if term.code.stack:
+            if term.code.no_checkpointing:
+                self.uncheckpointed[module.path] = term.code.no_checkpointing
             return self.call_stack(module, program, args, kwargs)
         env = dict(term.code.env)
         outer = (self.ctx.module, self.ctx.copies)
@@ -240,11 +245,15 @@ class Interpreter:
             out = self.execute(program, module.path, layers, [inner, *args[1:]], used, dict(term.code.env), {}, "", term.code.entries)
         finally:
             self.slots, self.kinds = outer_slots, outer_kinds
-        arguments = tuple(v.storage for v in tree_values(kwargs))
-        self.layers.append(LayerCall(module.path, layers, inputs, range(start, len(self.ctx.saved)), arguments))
         if not isinstance(out, Value):
             raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor")
-        last = Storage(out.storage.numel, out.dtype, module.path, "last layer output")
+        maker = out.storage.module  # what makes a layer's output, and so the next layer's input: its residual add, or a post-norm
+        if maker != module.path:
+            inputs = replace(inputs, owners=tuple((maker if m == module.path else m, n) for m, n in inputs.owners))
+            self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
+        arguments = tuple(v.storage for v in tree_values(kwargs))
+        self.layers.append(LayerCall(module.path, layers, inputs, range(start, len(self.ctx.saved)), arguments))
+        last = Storage(out.storage.numel, out.dtype, maker, "last layer output")
         return replace(out, storage=last)
 
     def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -633,9 +642,11 @@ def _shape(args: tuple) -> list[sp.Expr]:
     return [_size(n) for n in items]
 
 
-def _tensor(ctx: Context, *shape: Any, dtype: str = "act", grad: bool = False) -> Value:
-    """A tensor made without autograd (positions, masks, rotary tables, indices): nothing saved for it."""
-    return ctx.new(_shape(shape), ctx.act if dtype == "act" else dtype, "tensor", grad)
+def _tensor(ctx: Context, *shape: Any, dtype: str = "act", grad: bool = False, buffer: bool = False) -> Value:
+    """A tensor made without autograd (positions, masks, rotary tables, indices): nothing saved for it; `buffer=True`:
+    a slice of a module's buffer (a registered position-id or causal-mask table), which is never an activation."""
+    value = ctx.new(_shape(shape), ctx.act if dtype == "act" else dtype, "tensor", grad)
+    return replace(value, storage=replace(value.storage, param=True)) if buffer else value
 
 
 def _hold(ctx: Context, x: Value) -> Value:
@@ -701,7 +712,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "mish": ops.unary("input", "mish"),
     "unsupported": _unsupported,
     "hold": _hold,
-    "baddbmm": ops.baddbmm,
+    "baddbmm": lambda ctx, base, a, b, beta=1, alpha=1: ops.baddbmm(ctx, base, a, b),  # beta * base + alpha * (a @ b)
     "vector_norm": ops.vector_norm,
     "detach": ops.detach,
     "cumsum": _integer("cumsum"),
@@ -716,9 +727,10 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "save_for_backward": ops.save_for_backward,
     "view_as_complex": ops.view_as_complex,
     "view_as_real": ops.view_as_real,
-    "repeat_interleave": lambda ctx, x, repeats, dim: ops.repeat_interleave(ctx, x, sp.sympify(repeats), int(dim)),
+    "repeat": lambda ctx, x, *times: ops.repeat(ctx, x, *_shape(times)),
+    "repeat_interleave": lambda ctx, x, times, dim: ops.repeat_interleave(ctx, x, _size(times), int(dim)),
     "compare": ops.compare,
-    "stack": lambda ctx, values, dim=-1: ops.cat(ctx, [ops.unsqueeze(ctx, v, int(dim)) for v in values], int(dim)),
+    "stack": lambda ctx, values, dim=-1: ops.stack(ctx, list(values), int(dim)),
     "expm1": ops.unary("output", "expm1"),
     "minimum": lambda ctx, a, b: ops.extremum(ctx, "minimum", a, b),
     "maximum": lambda ctx, a, b: ops.extremum(ctx, "maximum", a, b),

@@ -37,7 +37,8 @@ TOP_LEVEL = {"family", "title", "model_types", "architectures", "summary", "exte
 OWN = ("family", "title", "model_types", "architectures", "summary", "checkpoint")  # never inherited through `extends`
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
                 "buffer", "lookup", "layers", "matmul", "dtype", "module"}
-BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module", "forward", "kernel"}
+BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module", "forward", "kernel",
+              "no_checkpointing"}
 MODULE_KINDS = ("linear", "conv1d", "experts", "head", "embedding", "router", "kept")  # kept: a module the modeling keeps unquantized  # `module = ...` of a block: what quantization formats read
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
@@ -217,7 +218,7 @@ class _Builder:
                 children.append(term)
         meta = block.meta
         code = c.Code(meta["forward"], f"{self.recipe.source}: [blocks.{name}] forward", _bound(env), entries=_keys(block),
-                      kernel=self.words(meta.get("kernel"), env)) if "forward" in meta else None
+                      kernel=self.words(meta.get("kernel"), env), no_checkpointing=self.words(meta.get("no_checkpointing"), env)) if "forward" in meta else None
         facts = tuple((fact, tuple((k, self.formula(v, env) if k in FACTS[fact][0] else self.words(v, env)) for k, v in sorted(meta[fact].items())))
                       for fact in FACTS if fact in meta)
         return c.Term(key=key, label=self.words(words.get("label") or meta.get("label") or name, env),
