@@ -182,7 +182,10 @@ def trained_model(config_json: str, dtype: str) -> nn.Module:
 
     torch.manual_seed(0)
     cfg = hf_config(json.loads(config_json))
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    except ValueError:  # attention-free (Mamba): transformers refuses sdpa, there is no attention backend to choose
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     return model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
 
 
@@ -196,7 +199,8 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     from torch.utils._pytree import tree_flatten
 
     model = trained_model(json.dumps(config, sort_keys=True), dtype)
-    model.set_attn_implementation(attention)
+    if model._supports_sdpa or attention == "eager":
+        model.set_attn_implementation(attention)
     if checkpointing:
         model.gradient_checkpointing_enable()
     else:
