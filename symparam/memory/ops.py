@@ -87,8 +87,17 @@ class Context:
     def contiguous(self, x: Value) -> bool:
         """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
         and S, B: then an assumption of the formula) do not count."""
-        return all(self.same(n, ONE) or sp.simplify(s - c) == 0 for n, s, c in zip(x.shape, x.strides, dense(x.shape))
+        return all(self.unit(n) or sp.simplify(s - c) == 0 for n, s, c in zip(x.shape, x.strides, dense(x.shape))
                    if sp.simplify(s - c) != 0)
+
+    def unit(self, n: sp.Expr) -> bool:
+        """Whether a size is 1, where layouts treat it apart: as a formula, or at the model's values (B = 1 lets a
+        transposed tensor fold as a view); either answer on a size with symbols is an assumption of the formula."""
+        if self.same(n, ONE):
+            return True
+        if self.values and sp.sympify(n).free_symbols and sp.sympify(n).xreplace(self.values).is_number:
+            self.assumed.append(sp.Ne(n, ONE))
+        return False
 
     def same(self, a: sp.Expr, b: sp.Expr) -> bool:
         """Whether two sizes are equal: as formulas, or at the model's values (remembered as an assumption)."""
@@ -208,7 +217,7 @@ def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[s
     tensor_numel = view_numel = ONE
     for d in range(len(x.shape) - 1, -1, -1):
         tensor_numel = tensor_numel * x.shape[d]
-        if d == 0 or (not ctx.same(x.shape[d - 1], ONE) and not same(x.strides[d - 1], tensor_numel * base)):
+        if d == 0 or (not ctx.unit(x.shape[d - 1]) and not same(x.strides[d - 1], tensor_numel * base)):
             while view_d >= 0 and (not same(view_numel, tensor_numel) or shape[view_d] == 1):
                 new[view_d] = view_numel * base
                 view_numel = view_numel * shape[view_d]
@@ -323,8 +332,12 @@ def binary(ctx: Context, op: str, a: Value | sp.Expr, b: Value | sp.Expr) -> Val
 
 
 def linear(ctx: Context, x: Value, weight: Value, bias: Value | None = None) -> Value:
-    """x W^T (+ b): saves x for the weight's gradient (W, a parameter, for x's)."""
+    """x W^T (+ b): saves x for the weight's gradient (W, a parameter, for x's); an input of more than two dimensions
+    is folded to 2-D first, as aten's linear and matmul do (`reshape`: a copy where its layout allows no view, such as a
+    transposed input), and the folded input is what is saved."""
     out = ctx.new(x.shape[:-1] + (weight.shape[-2],), promote(x.dtype, weight.dtype), "linear", x.grad or weight.grad or bool(bias and bias.grad))
+    if len(x.shape) > 2:
+        x = view(ctx, x, (sp.Mul(*x.shape[:-1]), x.shape[-1]), copy_if_needed=True)
     if weight.grad:
         ctx.save(x)
     if x.grad:
