@@ -269,6 +269,12 @@ def narrow(ctx: Context, x: Value, dim: int, start: sp.Expr, length: sp.Expr) ->
     return replace(x, shape=x.shape[:dim] + (sp.sympify(length),) + x.shape[dim + 1:])
 
 
+def select(ctx: Context, x: Value, dim: int, index: sp.Expr) -> Value:
+    """x[..., index, ...] along `dim`: a view without that dimension."""
+    dim = dim % len(x.shape)
+    return replace(x, shape=x.shape[:dim] + x.shape[dim + 1:], strides=x.strides[:dim] + x.strides[dim + 1:])
+
+
 def split(ctx: Context, x: Value, sizes: Sequence[sp.Expr], dim: int = -1) -> tuple[Value, ...]:
     """Views of consecutive pieces along `dim` (torch.split with a list of sizes)."""
     dim = dim % len(x.shape)
@@ -363,6 +369,16 @@ def _fold(ctx: Context, x: Value, batch: tuple[sp.Expr, ...]) -> Value:
     return view(ctx, expanded, (sp.Mul(*batch),) + x.shape[-2:], copy_if_needed=True)
 
 
+def conv1d(ctx: Context, x: Value, weight: Value, bias: Value | None = None, padding: sp.Expr = 0, groups: sp.Expr = 1) -> Value:
+    """torch.nn.functional.conv1d of [B, C_in, L] with a weight [C_out, C_in/groups, k]: [B, C_out, L + 2 padding - k + 1];
+    aten's convolution saves its input and weight for backward."""
+    length = x.shape[-1] + 2 * sp.sympify(padding) - weight.shape[-1] + 1
+    out = ctx.new(x.shape[:-2] + (weight.shape[0], length), promote(x.dtype, weight.dtype), "conv1d", x.grad or weight.grad)
+    if x.grad or weight.grad:
+        ctx.save(x)
+    return out
+
+
 def embedding(ctx: Context, ids: Value, weight: Value) -> Value:
     """Rows of a table: saves the indices (the weight's gradient scatters into them)."""
     out = ctx.new(ids.shape + (weight.shape[-1],), weight.dtype, "embedding", weight.grad)
@@ -392,6 +408,16 @@ def cat(ctx: Context, values: Sequence[Value], dim: int = -1) -> Value:
     shape = list(values[0].shape)
     shape[dim] = sp.Add(*(v.shape[dim] for v in values))
     return ctx.new(shape, promote(*(v.dtype for v in values)), "cat", any(v.grad for v in values))
+
+
+def stack(ctx: Context, values: Sequence[Value], dim: int = 0, count: sp.Expr | None = None) -> Value:
+    """torch.stack: a new tensor with a new dimension at `dim` of len(values), or of `count` tensors shaped like
+    values[0] (a loop's outputs, one per iteration); nothing saved."""
+    first = values[0]
+    dim = dim % (len(first.shape) + 1)
+    n = sp.sympify(count) if count is not None else sp.Integer(len(values))
+    shape = first.shape[:dim] + (n,) + first.shape[dim:]
+    return ctx.new(shape, promote(*(v.dtype for v in values)), "stack", any(v.grad for v in values))
 
 
 def where(ctx: Context, cond: Value, a: Value | sp.Expr, b: Value | sp.Expr) -> Value:

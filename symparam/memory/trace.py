@@ -603,6 +603,9 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "unsupported": _unsupported,
     "cumsum": _integer("cumsum"),
     "histc": _integer("histc"),
+    "convolution": lambda ctx, x, weight, bias=None, padding=0, groups=1: ops.conv1d(ctx, x, weight, bias or None, padding, groups),
+    "select": lambda ctx, x, dim, index: ops.select(ctx, x, int(dim), index),
+    "stack": lambda ctx, values, dim=0, count=None: ops.stack(ctx, list(values), int(dim), count),
 }
 
 
