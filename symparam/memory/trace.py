@@ -51,12 +51,13 @@ class Trace:
 
 @dataclass(frozen=True)
 class LayerCall:
-    """A decoder-layer stack's run: its path, its layers, the storage standing for every layer's input, and which of
-    the trace's saves happened inside it."""
+    """A decoder-layer stack's run: its path, its layers, the storages standing for every layer's input (one, or the
+    first layer's and the others' where the layer's output has another dtype than its input), and which of the trace's
+    saves happened inside it."""
 
     path: str
     layers: sp.Expr
-    inputs: Storage
+    inputs: tuple[Storage, ...]
     saves: range
 
 
@@ -179,9 +180,12 @@ class Interpreter:
             out = self.execute(program, module.path, layers, [inner, *args[1:]], kwargs, dict(term.code.env), {}, "", term.code.entries)
         finally:
             self.slots, self.kinds = outer_slots, outer_kinds
-        self.layers.append(LayerCall(module.path, layers, inputs, range(start, len(self.ctx.saved))))
         if not isinstance(out, Value):
             raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor")
+        kept = (inputs,)
+        if out.dtype != x.dtype:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
+            kept = (x.storage, Storage(x.storage.numel, out.dtype, module.path, "layer input", layers - 1))
+        self.layers.append(LayerCall(module.path, layers, kept, range(start, len(self.ctx.saved))))
         last = Storage(out.storage.numel, out.dtype, module.path, "last layer output")
         return replace(out, storage=last)
 
