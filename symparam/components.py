@@ -22,6 +22,7 @@ class Code:
     env: tuple[tuple[str, object], ...] = ()  # the block's arguments: formulas (sizes) and conditions (true/false)
     slots: tuple[tuple[str, tuple[tuple[sp.Expr, str], ...]], ...] = ()  # a layer stack: slot path -> (layers, variant path)
     stack: bool = False  # the decoder-layer stack: the program runs once per layer kind
+    layers: sp.Expr = ONE  # the stack's: how many layers it has (its kinds overlap where a layer has several slots)
     entries: tuple[str, ...] = ()  # every module and tensor the block declares (a call of one it does not build passes through)
     kernel: str = ""  # where the forward is a CPU reference path a GPU replaces with a fused kernel: which, and what it keeps
 

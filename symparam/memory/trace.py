@@ -165,7 +165,7 @@ class Interpreter:
         stands for the embedding output (layer 0) and every other layer's output."""
         term = module.term
         groups = [term] if term.times != ONE else list(term.children)  # one kind is the stack itself
-        layers = sp.Add(*(g.times for g in groups))
+        layers = term.code.layers
         found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}", g.times, child.key) for g in groups for child in g.children}
         slots = {slot: tuple(found[n, key] for n, key in variants if (n, key) in found) for slot, variants in term.code.slots}
         members = {key: m for (_, key), m in found.items()}
@@ -191,7 +191,8 @@ class Interpreter:
 
     def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
-        results = [self.call_module(m, args, kwargs) for m in variants.modules]
+        modules = [m for m in variants.modules if not (self.values and sp.sympify(m.copies).xreplace(self.values) == 0)]
+        results = [self.call_module(m, args, kwargs) for m in modules or variants.modules[:1]]
         return self.merge(results, variants.path)
 
     def merge(self, results: list[Any], where: str) -> Any:
@@ -312,6 +313,8 @@ class Frame:
             finally:
                 self.copies, it.ctx.copies = outer
             results.append(local)
+        if not results:  # the module is in no layer of this model
+            return
         if len(results) == 1:
             scope.update(results[0])
             return

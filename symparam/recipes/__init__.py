@@ -264,7 +264,7 @@ class _Builder:
             groups.setdefault(n, []).append(replace(term, key=key))
             if slot is not None:
                 slots.setdefault(slot, []).append((n, key))
-        code = layer.code and replace(layer.code, slots=tuple((k, tuple(v)) for k, v in slots.items()), stack=True)
+        code = layer.code and replace(layer.code, slots=tuple((k, tuple(v)) for k, v in slots.items()), stack=True, layers=layers)
         one = len(groups) == 1  # a single kind is the stack itself; several sit in it unnamed (model.layers.<module>)
         kinds = [c.group(e.key if one else "", layer.label if n == layers else _layers_label(self.recipe, n, terms), terms, times=n, component=layer.component)
                  for n, terms in groups.items()]
