@@ -175,7 +175,9 @@ def _rank(stride: sp.Expr) -> float:
     stride = sp.sympify(stride)
     if stride.is_number:
         return float(stride)
-    return 1e6 * float(sp.Poly(stride).total_degree()) + float(stride.subs({s: 1000 for s in stride.free_symbols}))
+    num, den = sp.fraction(sp.together(stride))
+    degree = sp.Poly(num).total_degree() - (sp.Poly(den).total_degree() if den.free_symbols else 0)  # d_inner/g_ssm: 0
+    return 1e6 * float(degree) + float(stride.subs({s: 1000 for s in stride.free_symbols}))
 
 
 # ---------------------------------------------------------------- views (no allocation, nothing saved)
@@ -520,6 +522,113 @@ def layer_norm(ctx: Context, x: Value, weight: Value | None, bias: Value | None)
 def pad(ctx: Context, x: Value, left: sp.Expr, right: sp.Expr) -> Value:
     """torch.nn.functional.pad of the last dimension: a new tensor, nothing saved."""
     return ctx.new(x.shape[:-1] + (x.shape[-1] + left + right,), x.dtype, "pad", x.grad)
+
+
+def masked_fill(ctx: Context, x: Value, mask: Value, value: float) -> Value:
+    """x.masked_fill(mask, value): a new tensor of the broadcast shape; saves the mask."""
+    out = ctx.new(broadcast(ctx, x.shape, mask.shape), x.dtype, "masked_fill", x.grad)
+    if x.grad:
+        ctx.save(mask)
+    return out
+
+
+def pad_dim(ctx: Context, x: Value, dim: int, left: sp.Expr, right: sp.Expr) -> Value:
+    """torch.nn.functional.pad of one dimension (constant): a new tensor in the memory format PyTorch suggests for the
+    input (channels-last where a 4-D input is laid out so), nothing saved."""
+    dim = dim % len(x.shape)
+    shape = x.shape[:dim] + (x.shape[dim] + left + right,) + x.shape[dim + 1:]
+    channels_last = len(shape) == 4 and _stride_order(x) == [1, 3, 2, 0]
+    return ctx.new(shape, x.dtype, "pad", x.grad, _dense_in_order(shape, [0, 2, 3, 1]) if channels_last else None)
+
+
+def _stride_order(x: Value) -> list[int]:
+    """The dimensions of size other than 1 from the smallest stride to the largest."""
+    dims = [i for i, n in enumerate(x.shape) if n != 1]
+    return sorted(dims, key=lambda i: (_rank(x.strides[i]), -i))
+
+
+def _dense_in_order(shape: tuple[sp.Expr, ...], outer_to_inner: list[int]) -> tuple[sp.Expr, ...]:
+    """Dense strides laying the dimensions out from the outermost to the innermost in the given order."""
+    strides, step = [ONE] * len(shape), ONE
+    for i in reversed(outer_to_inner):
+        strides[i] = step
+        step = step * shape[i]
+    return tuple(strides)
+
+
+def einsum(ctx: Context, equation: str, a: Value, b: Value) -> Value:
+    """torch.einsum of two operands as aten computes it (no ellipsis, no repeated label): each operand permuted to the
+    output's labels then the contracted ones (A-Z, then a-z), size-1 dimensions added for labels it lacks; dimensions
+    only one operand has and the output does not are summed away first; then sumproduct_pair. The result is a view."""
+    lhs, rhs = equation.replace(" ", "").split("->")
+    names = lhs.split(",")
+    if len(names) != 2 or any(len(set(n)) != len(n) for n in names) or "." in equation:
+        raise SymparamError(f"einsum {equation!r}: two operands without ellipsis or repeated labels are described")
+    out = list(rhs)
+    labels = out + sorted({c for n in names for c in n} - set(out), key=lambda c: (c.islower(), c))
+    aligned = [_align(ctx, v, n, labels) for v, n in zip((a, b), names)]
+    counts = [sum(1 for v in aligned if not ctx.unit(v.shape[d])) for d in range(len(labels))]
+    left, right = aligned
+    summed, only_left, only_right = [], [], []
+    for d in range(len(out), len(labels)):
+        big_l, big_r = not ctx.unit(left.shape[d]), not ctx.unit(right.shape[d])
+        if big_l and big_r:
+            summed.append(d)
+        elif counts[d] == 1:
+            (only_left if big_l else only_right).append(d)
+    if only_left:
+        left = reduce(ctx, left, only_left, True, "sum")
+    if only_right:
+        right = reduce(ctx, right, only_right, True, "sum")
+    result = _sumproduct_pair(ctx, left, right, summed)
+    return view(ctx, result, result.shape[:len(out)]) if len(labels) > len(out) else result
+
+
+def _align(ctx: Context, x: Value, names: str, labels: list[str]) -> Value:
+    """An einsum operand as a view over every label, in the order of `labels` (size 1 where it lacks one)."""
+    if len(names) != len(x.shape):
+        raise SymparamError(f"einsum: {names!r} names {len(names)} dimensions of a tensor with {len(x.shape)}")
+    order, extra = [], len(names)
+    for label in labels:
+        if label in names:
+            order.append(names.index(label))
+        else:
+            x = unsqueeze(ctx, x, len(x.shape))
+            order.append(extra)
+            extra += 1
+    return permute(ctx, x, *order)
+
+
+def _sumproduct_pair(ctx: Context, left: Value, right: Value, summed: list[int]) -> Value:
+    """aten's sumproduct_pair: (left * right).sum(summed) as permute, reshape to [lro, lo, sum] and [lro, sum, ro]
+    (a copy where no view can), bmm (saves each operand for the other's gradient), and a view back."""
+    if not summed:
+        return binary(ctx, "mul", left, right)
+    lro, lo, ro = [], [], []
+    sum_size = ONE
+    for i in range(len(left.shape)):
+        big_l, big_r = not ctx.unit(left.shape[i]), not ctx.unit(right.shape[i])
+        if i in summed:
+            if big_l and big_r:
+                sum_size = sum_size * left.shape[i]
+            elif big_l:
+                left = reduce(ctx, left, i, True, "sum")
+            elif big_r:
+                right = reduce(ctx, right, i, True, "sum")
+        elif big_l and big_r:
+            lro.append(i)
+        elif big_l:
+            lo.append(i)
+        else:
+            ro.append(i)
+    size = lambda x, dims: sp.Mul(*(x.shape[d] for d in dims))  # noqa: E731
+    out_size = [left.shape[d] for d in lro + lo] + [ONE] * len(summed) + [right.shape[d] for d in ro]
+    order = lro + lo + summed + ro
+    l3 = view(ctx, permute(ctx, left, *(lro + lo + summed + ro)), (size(left, lro), size(left, lo), sum_size), copy_if_needed=True)
+    r3 = view(ctx, permute(ctx, right, *(lro + summed + ro + lo)), (size(left, lro), sum_size, size(right, ro)), copy_if_needed=True)
+    out = ctx.new((l3.shape[0], l3.shape[1], r3.shape[2]), promote(left.dtype, right.dtype), "bmm", left.grad or right.grad)
+    ctx.save(r3 if left.grad else None, l3 if right.grad else None)
+    return permute(ctx, view(ctx, out, out_size), *(order.index(i) for i in range(len(order))))
 
 
 __all__ = ["BYTES", "Storage", "Value", "Context", "Step", "dense", "promote", "broadcast"]

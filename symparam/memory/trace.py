@@ -552,6 +552,17 @@ def _tensor(ctx: Context, *shape: Any, dtype: str = "act", grad: bool = False) -
     return ctx.new(_shape(shape), ctx.act if dtype == "act" else dtype, "tensor", grad)
 
 
+def _regime(ctx: Context, n: Any) -> sp.Expr:
+    """A size as its value at the model's values and S, B (a chunk count): the formula holds where it has that value."""
+    n = sp.sympify(n)
+    value = n.xreplace(ctx.values) if ctx.values else n
+    if not value.is_number:
+        raise SymparamError(f"{n} has no value here (give the model's config, --seq and --batch)")
+    if n.free_symbols:
+        ctx.assumed.append(sp.Eq(n, value))
+    return value
+
+
 def _unsupported(ctx: Context, what: str, name: Any) -> Value:
     raise SymparamError(f"{what} {name!r} is not described")
 
@@ -608,11 +619,16 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "pad": ops.pad,
     "mish": ops.unary("input", "mish"),
     "unsupported": _unsupported,
-    "cumsum": _integer("cumsum"),
+    "cumsum": lambda ctx, x, dim=-1, dtype=None: ctx.new(x.shape, dtype or (x.dtype if x.dtype in ops.FLOATS else "int64"), "cumsum", x.grad),
     "histc": _integer("histc"),
     "convolution": lambda ctx, x, weight, bias=None, padding=0, groups=1: ops.conv1d(ctx, x, weight, bias or None, padding, groups),
     "select": lambda ctx, x, dim, index: ops.select(ctx, x, int(dim), index),
     "stack": lambda ctx, values, dim=0, count=None: ops.stack(ctx, list(values), int(dim), count),
+    "einsum": ops.einsum,
+    "regime": _regime,
+    "masked_fill": ops.masked_fill,
+    "pad_dim": lambda ctx, x, dim, left, right: ops.pad_dim(ctx, x, int(dim), left, right),
+    "clamp": ops.unary("input", "clamp"),
 }
 
 
