@@ -615,12 +615,14 @@ def _sumproduct_pair(ctx: Context, left: Value, right: Value, summed: list[int])
                 left = reduce(ctx, left, i, True, "sum")
             elif big_r:
                 right = reduce(ctx, right, i, True, "sum")
-        elif big_l and big_r:
+        elif big_l == big_r:  # aten puts a dimension of size 1 in both with ro; lro keeps a symbolic 1 (B = 1) on both sides
             lro.append(i)
         elif big_l:
             lo.append(i)
         else:
             ro.append(i)
+    left = replace(left, shape=tuple(ONE if i in ro + summed and not big else n for i, (n, big) in enumerate((n, not ctx.unit(n)) for n in left.shape)))
+    right = replace(right, shape=tuple(ONE if i in lo + summed and not big else n for i, (n, big) in enumerate((n, not ctx.unit(n)) for n in right.shape)))
     size = lambda x, dims: sp.Mul(*(x.shape[d] for d in dims))  # noqa: E731
     out_size = [left.shape[d] for d in lro + lo] + [ONE] * len(summed) + [right.shape[d] for d in ro]
     order = lro + lo + summed + ro
