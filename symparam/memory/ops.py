@@ -478,11 +478,14 @@ def grouped_mm(ctx: Context, x: Value, weight: Value, offsets: Value) -> Value:
 
 def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -> Value:
     """PyTorch's fused attention kernel (CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA's flash kernel keeps
-    the same): saves q, k, v, its output (laid out [B, S, h, d_v]) and the fp32 log-sum-exp per query row; a boolean
-    mask is first turned into an additive mask of the query's dtype, which it saves too."""
+    the same): saves q, k, v, its output and the fp32 log-sum-exp per query row; a boolean mask is first turned into an
+    additive mask of the query's dtype, which it saves too. The output is laid out as the query is (measured): a
+    transposed [B, S, h, d] query, as projections give it, makes a [B, S, h, d_v] layout; a dense one (a cat of
+    rotary parts) a dense output."""
     b, h, s, _ = q.shape
     dv = v.shape[-1]
-    out = ctx.new((b, h, s, dv), q.dtype, "sdpa", q.grad or k.grad or v.grad, strides=(s * h * dv, dv, h * dv, ONE))
+    order = sorted(range(4), key=lambda i: (-_rank(q.strides[i]), i))  # outermost first
+    out = ctx.new((b, h, s, dv), q.dtype, "sdpa", q.grad or k.grad or v.grad, strides=_dense_in_order((b, h, s, dv), order))
     lse = ctx.new((b, h, s), "fp32", "sdpa logsumexp", False)
     if mask is not None and mask.dtype == "bool":
         mask = ctx.new(mask.shape, q.dtype, "sdpa mask", False)
