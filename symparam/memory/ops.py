@@ -63,6 +63,19 @@ class Value:
 
 
 
+def identical(a: sp.Expr, b: sp.Expr, values: dict | None = None) -> bool:
+    """Whether two sizes are the same formula (their difference cancels); one that is not zero at the model's values
+    is not (a quick answer: SymPy's simplify is slow, and a size equal only at the values is an assumption elsewhere)."""
+    difference = sp.sympify(a - b)
+    if difference == 0:
+        return True
+    if values:
+        at = difference.xreplace(values)
+        if at.is_number and at != 0:
+            return False
+    return sp.expand(difference) == 0 or sp.cancel(difference) == 0
+
+
 def dense(shape: Sequence[sp.Expr]) -> tuple[sp.Expr, ...]:
     """Row-major strides of a shape."""
     out, step = [], ONE
@@ -87,8 +100,7 @@ class Context:
     def contiguous(self, x: Value) -> bool:
         """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
         and S, B: then an assumption of the formula) do not count."""
-        return all(self.unit(n) or sp.simplify(s - c) == 0 for n, s, c in zip(x.shape, x.strides, dense(x.shape))
-                   if sp.simplify(s - c) != 0)
+        return all(self.unit(n) for n, s, c in zip(x.shape, x.strides, dense(x.shape)) if not identical(s, c, self.values))
 
     def unit(self, n: sp.Expr) -> bool:
         """Whether a size is 1, where layouts treat it apart: as a formula, or at the model's values (B = 1 lets a
@@ -101,7 +113,7 @@ class Context:
 
     def same(self, a: sp.Expr, b: sp.Expr) -> bool:
         """Whether two sizes are equal: as formulas, or at the model's values (remembered as an assumption)."""
-        if sp.simplify(a - b) == 0:
+        if identical(a, b, self.values):
             return True
         if self.values and sp.sympify(a - b).xreplace(self.values) == 0:
             self.assumed.append(sp.Eq(a, b))
@@ -212,7 +224,7 @@ def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[s
     """PyTorch's computeStride over symbolic sizes: the strides of a view, or None where only a copy can reshape."""
     if ctx.contiguous(x):
         return dense(shape)
-    same = lambda a, b: sp.simplify(a - b) == 0  # noqa: E731
+    same = lambda a, b: identical(a, b, ctx.values)  # noqa: E731
     new = [ONE] * len(shape)
     view_d = len(shape) - 1
     base = x.strides[-1]
