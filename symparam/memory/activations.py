@@ -82,7 +82,7 @@ def kept(t: Trace, checkpointing: str = "none") -> list[Storage]:
     saves = [s for s, _ in t.saved]
     if checkpointing == "full":
         inside = {i for call in t.layers for i in call.saves}
-        saves = [s for i, (s, _) in enumerate(t.saved) if i not in inside] + [call.inputs for call in t.layers]
+        saves = [s for i, (s, _) in enumerate(t.saved) if i not in inside] + [s for call in t.layers for s in call.inputs]
     saves = [k for s in saves for k in s.allocated()]
     unique = once([s for s in saves if not s.param])
     covered = {c.ident for s in unique for c in s.covers}

@@ -69,6 +69,19 @@ class Value:
 
 
 
+def identical(a: sp.Expr, b: sp.Expr, values: dict | None = None) -> bool:
+    """Whether two sizes are the same formula (their difference cancels); one that is not zero at the model's values
+    is not (a quick answer: SymPy's simplify is slow, and a size equal only at the values is an assumption elsewhere)."""
+    difference = sp.sympify(a - b)
+    if difference == 0:
+        return True
+    if values:
+        at = difference.xreplace(values)
+        if at.is_number and at != 0:
+            return False
+    return sp.expand(difference) == 0 or sp.cancel(difference) == 0
+
+
 def dense(shape: Sequence[sp.Expr]) -> tuple[sp.Expr, ...]:
     """Row-major strides of a shape."""
     out, step = [], ONE
@@ -96,8 +109,16 @@ class Context:
     def contiguous(self, x: Value) -> bool:
         """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
         and S, B: then an assumption of the formula) do not count."""
-        return all(self.same(s, c) or self.one(n) for n, s, c in zip(x.shape, x.strides, dense(x.shape))
-                   if sp.simplify(s - c) != 0)
+        return all(self.unit(n) for n, s, c in zip(x.shape, x.strides, dense(x.shape)) if not identical(s, c, self.values))
+
+    def unit(self, n: sp.Expr) -> bool:
+        """Whether a size is 1, where layouts treat it apart: as a formula, or at the model's values (B = 1 lets a
+        transposed tensor fold as a view); either answer on a size with symbols is an assumption of the formula."""
+        if self.same(n, ONE):
+            return True
+        if self.values and sp.sympify(n).free_symbols and sp.sympify(n).xreplace(self.values).is_number:
+            self.assumed.append(sp.Ne(n, ONE))
+        return False
 
     def one(self, n: sp.Expr) -> bool:
         """Whether a size is 1, as a formula or at the model's values; decided by the values either way, it is an
@@ -110,7 +131,7 @@ class Context:
 
     def same(self, a: sp.Expr, b: sp.Expr) -> bool:
         """Whether two sizes are equal: as formulas, or at the model's values (remembered as an assumption)."""
-        if sp.simplify(a - b) == 0:
+        if identical(a, b, self.values):
             return True
         if self.values and sp.sympify(a - b).xreplace(self.values) == 0:
             self.assumed.append(sp.Eq(a, b))
@@ -206,7 +227,9 @@ def _rank(stride: sp.Expr) -> float:
     stride = sp.sympify(stride)
     if stride.is_number:
         return float(stride)
-    return 1e6 * float(sp.Poly(stride).total_degree()) + float(stride.subs({s: 1000 for s in stride.free_symbols}))
+    num, den = sp.fraction(sp.together(stride))
+    degree = sp.Poly(num).total_degree() - (sp.Poly(den).total_degree() if den.free_symbols else 0)  # d_inner/g_ssm: 0
+    return 1e6 * float(degree) + float(stride.subs({s: 1000 for s in stride.free_symbols}))
 
 
 # ---------------------------------------------------------------- views (no allocation, nothing saved)
@@ -241,15 +264,15 @@ def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[s
     """PyTorch's computeStride over symbolic sizes: the strides of a view, or None where only a copy can reshape."""
     if ctx.contiguous(x):
         return dense(shape)
-    same = ctx.same  # sizes equal at the model's values are equal to PyTorch (an assumption of the formula)
+    same = lambda a, b: identical(a, b, ctx.values)  # noqa: E731
     new = [ONE] * len(shape)
     view_d = len(shape) - 1
     base = x.strides[-1]
     tensor_numel = view_numel = ONE
     for d in range(len(x.shape) - 1, -1, -1):
         tensor_numel = tensor_numel * x.shape[d]
-        if d == 0 or (not ctx.same(x.shape[d - 1], ONE) and not same(x.strides[d - 1], tensor_numel * base)):
-            while view_d >= 0 and (not same(view_numel, tensor_numel) or same(shape[view_d], ONE)):
+        if d == 0 or (not ctx.unit(x.shape[d - 1]) and not same(x.strides[d - 1], tensor_numel * base)):
+            while view_d >= 0 and (not same(view_numel, tensor_numel) or shape[view_d] == 1):
                 new[view_d] = view_numel * base
                 view_numel = view_numel * shape[view_d]
                 view_d -= 1
@@ -298,6 +321,12 @@ def expand(ctx: Context, x: Value, *shape: sp.Expr) -> Value:
 def narrow(ctx: Context, x: Value, dim: int, start: sp.Expr, length: sp.Expr) -> Value:
     dim = dim % len(x.shape)
     return replace(x, shape=x.shape[:dim] + (sp.sympify(length),) + x.shape[dim + 1:])
+
+
+def select(ctx: Context, x: Value, dim: int, index: sp.Expr) -> Value:
+    """x[..., index, ...] along `dim`: a view without that dimension."""
+    dim = dim % len(x.shape)
+    return replace(x, shape=x.shape[:dim] + x.shape[dim + 1:], strides=x.strides[:dim] + x.strides[dim + 1:])
 
 
 def split(ctx: Context, x: Value, sizes: Sequence[sp.Expr], dim: int = -1) -> tuple[Value, ...]:
@@ -363,8 +392,12 @@ def binary(ctx: Context, op: str, a: Value | sp.Expr, b: Value | sp.Expr) -> Val
 
 
 def linear(ctx: Context, x: Value, weight: Value, bias: Value | None = None) -> Value:
-    """x W^T (+ b): saves x for the weight's gradient (W, a parameter, for x's)."""
+    """x W^T (+ b): saves x for the weight's gradient (W, a parameter, for x's); an input of more than two dimensions
+    is folded to 2-D first, as aten's linear and matmul do (`reshape`: a copy where its layout allows no view, such as a
+    transposed input), and the folded input is what is saved."""
     out = ctx.new(x.shape[:-1] + (weight.shape[-2],), promote(x.dtype, weight.dtype), "linear", x.grad or weight.grad or bool(bias and bias.grad))
+    if len(x.shape) > 2:
+        x = view(ctx, x, (sp.Mul(*x.shape[:-1]), x.shape[-1]), copy_if_needed=True)
     if weight.grad:
         ctx.save(x)
     if x.grad:
@@ -388,6 +421,16 @@ def _fold(ctx: Context, x: Value, batch: tuple[sp.Expr, ...]) -> Value:
         return x
     expanded = expand(ctx, x, *(batch + x.shape[-2:]))
     return view(ctx, expanded, (sp.Mul(*batch),) + x.shape[-2:], copy_if_needed=True)
+
+
+def conv1d(ctx: Context, x: Value, weight: Value, bias: Value | None = None, padding: sp.Expr = 0, groups: sp.Expr = 1) -> Value:
+    """torch.nn.functional.conv1d of [B, C_in, L] with a weight [C_out, C_in/groups, k]: [B, C_out, L + 2 padding - k + 1];
+    aten's convolution saves its input and weight for backward."""
+    length = x.shape[-1] + 2 * sp.sympify(padding) - weight.shape[-1] + 1
+    out = ctx.new(x.shape[:-2] + (weight.shape[0], length), promote(x.dtype, weight.dtype), "conv1d", x.grad or weight.grad)
+    if x.grad or weight.grad:
+        ctx.save(x)
+    return out
 
 
 def embedding(ctx: Context, ids: Value, weight: Value) -> Value:
@@ -419,6 +462,16 @@ def cat(ctx: Context, values: Sequence[Value], dim: int = -1) -> Value:
     shape = list(values[0].shape)
     shape[dim] = sp.Add(*(v.shape[dim] for v in values))
     return ctx.new(shape, promote(*(v.dtype for v in values)), "cat", any(v.grad for v in values))
+
+
+def stack(ctx: Context, values: Sequence[Value], dim: int = 0, count: sp.Expr | None = None) -> Value:
+    """torch.stack: a new tensor with a new dimension at `dim` of len(values), or of `count` tensors shaped like
+    values[0] (a loop's outputs, one per iteration); nothing saved."""
+    first = values[0]
+    dim = dim % (len(first.shape) + 1)
+    n = sp.sympify(count) if count is not None else sp.Integer(len(values))
+    shape = first.shape[:dim] + (n,) + first.shape[dim:]
+    return ctx.new(shape, promote(*(v.dtype for v in values)), "stack", any(v.grad for v in values))
 
 
 def where(ctx: Context, cond: Value, a: Value | sp.Expr, b: Value | sp.Expr) -> Value:
@@ -631,13 +684,6 @@ def repeat_interleave(ctx: Context, x: Value, times: sp.Expr, dim: int) -> Value
     return ctx.new(x.shape[:dim] + (x.shape[dim] * times,) + x.shape[dim + 1:], x.dtype, "repeat_interleave", x.grad)
 
 
-def stack(ctx: Context, values: Sequence[Value], dim: int) -> Value:
-    """torch.stack: the tensors along a new dimension; nothing saved."""
-    dim = dim % (len(values[0].shape) + 1)
-    shape = values[0].shape[:dim] + (sp.Integer(len(values)),) + values[0].shape[dim:]
-    return ctx.new(shape, promote(*(v.dtype for v in values)), "stack", any(v.grad for v in values))
-
-
 def compare(ctx: Context, a: Value | sp.Expr, b: Value | sp.Expr) -> Value:
     """An elementwise comparison (x > 0): a boolean tensor of the broadcast shape, no gradient, nothing saved."""
     shape = broadcast(ctx, *(v.shape for v in (a, b) if isinstance(v, Value)))
@@ -664,6 +710,108 @@ def view_as_complex(ctx: Context, x: Value) -> Value:
 def view_as_real(ctx: Context, x: Value) -> Value:
     """torch.view_as_real: complex64 as pairs of fp32 over the same storage."""
     return replace(x, shape=x.shape + (sp.Integer(2),), strides=tuple(s * 2 for s in x.strides) + (ONE,), dtype="fp32")
+
+
+
+def pad_dim(ctx: Context, x: Value, dim: int, left: sp.Expr, right: sp.Expr) -> Value:
+    """torch.nn.functional.pad of one dimension (constant): a new tensor in the memory format PyTorch suggests for the
+    input (channels-last where a 4-D input is laid out so), nothing saved."""
+    dim = dim % len(x.shape)
+    shape = x.shape[:dim] + (x.shape[dim] + left + right,) + x.shape[dim + 1:]
+    channels_last = len(shape) == 4 and _stride_order(x) == [1, 3, 2, 0]
+    return ctx.new(shape, x.dtype, "pad", x.grad, _dense_in_order(shape, [0, 2, 3, 1]) if channels_last else None)
+
+
+def _stride_order(x: Value) -> list[int]:
+    """The dimensions of size other than 1 from the smallest stride to the largest."""
+    dims = [i for i, n in enumerate(x.shape) if n != 1]
+    return sorted(dims, key=lambda i: (_rank(x.strides[i]), -i))
+
+
+def _dense_in_order(shape: tuple[sp.Expr, ...], outer_to_inner: list[int]) -> tuple[sp.Expr, ...]:
+    """Dense strides laying the dimensions out from the outermost to the innermost in the given order."""
+    strides, step = [ONE] * len(shape), ONE
+    for i in reversed(outer_to_inner):
+        strides[i] = step
+        step = step * shape[i]
+    return tuple(strides)
+
+
+def einsum(ctx: Context, equation: str, a: Value, b: Value) -> Value:
+    """torch.einsum of two operands as aten computes it (no ellipsis, no repeated label): each operand permuted to the
+    output's labels then the contracted ones (A-Z, then a-z), size-1 dimensions added for labels it lacks; dimensions
+    only one operand has and the output does not are summed away first; then sumproduct_pair. The result is a view."""
+    lhs, rhs = equation.replace(" ", "").split("->")
+    names = lhs.split(",")
+    if len(names) != 2 or any(len(set(n)) != len(n) for n in names) or "." in equation:
+        raise SymparamError(f"einsum {equation!r}: two operands without ellipsis or repeated labels are described")
+    out = list(rhs)
+    labels = out + sorted({c for n in names for c in n} - set(out), key=lambda c: (c.islower(), c))
+    aligned = [_align(ctx, v, n, labels) for v, n in zip((a, b), names)]
+    counts = [sum(1 for v in aligned if not ctx.unit(v.shape[d])) for d in range(len(labels))]
+    left, right = aligned
+    summed, only_left, only_right = [], [], []
+    for d in range(len(out), len(labels)):
+        big_l, big_r = not ctx.unit(left.shape[d]), not ctx.unit(right.shape[d])
+        if big_l and big_r:
+            summed.append(d)
+        elif counts[d] == 1:
+            (only_left if big_l else only_right).append(d)
+    if only_left:
+        left = reduce(ctx, left, only_left, True, "sum")
+    if only_right:
+        right = reduce(ctx, right, only_right, True, "sum")
+    result = _sumproduct_pair(ctx, left, right, summed)
+    return view(ctx, result, result.shape[:len(out)]) if len(labels) > len(out) else result
+
+
+def _align(ctx: Context, x: Value, names: str, labels: list[str]) -> Value:
+    """An einsum operand as a view over every label, in the order of `labels` (size 1 where it lacks one)."""
+    if len(names) != len(x.shape):
+        raise SymparamError(f"einsum: {names!r} names {len(names)} dimensions of a tensor with {len(x.shape)}")
+    order, extra = [], len(names)
+    for label in labels:
+        if label in names:
+            order.append(names.index(label))
+        else:
+            x = unsqueeze(ctx, x, len(x.shape))
+            order.append(extra)
+            extra += 1
+    return permute(ctx, x, *order)
+
+
+def _sumproduct_pair(ctx: Context, left: Value, right: Value, summed: list[int]) -> Value:
+    """aten's sumproduct_pair: (left * right).sum(summed) as permute, reshape to [lro, lo, sum] and [lro, sum, ro]
+    (a copy where no view can), bmm (saves each operand for the other's gradient), and a view back."""
+    if not summed:
+        return binary(ctx, "mul", left, right)
+    lro, lo, ro = [], [], []
+    sum_size = ONE
+    for i in range(len(left.shape)):
+        big_l, big_r = not ctx.unit(left.shape[i]), not ctx.unit(right.shape[i])
+        if i in summed:
+            if big_l and big_r:
+                sum_size = sum_size * left.shape[i]
+            elif big_l:
+                left = reduce(ctx, left, i, True, "sum")
+            elif big_r:
+                right = reduce(ctx, right, i, True, "sum")
+        elif big_l == big_r:  # aten puts a dimension of size 1 in both with ro; lro keeps a symbolic 1 (B = 1) on both sides
+            lro.append(i)
+        elif big_l:
+            lo.append(i)
+        else:
+            ro.append(i)
+    left = replace(left, shape=tuple(ONE if i in ro + summed and not big else n for i, (n, big) in enumerate((n, not ctx.unit(n)) for n in left.shape)))
+    right = replace(right, shape=tuple(ONE if i in lo + summed and not big else n for i, (n, big) in enumerate((n, not ctx.unit(n)) for n in right.shape)))
+    size = lambda x, dims: sp.Mul(*(x.shape[d] for d in dims))  # noqa: E731
+    out_size = [left.shape[d] for d in lro + lo] + [ONE] * len(summed) + [right.shape[d] for d in ro]
+    order = lro + lo + summed + ro
+    l3 = view(ctx, permute(ctx, left, *(lro + lo + summed + ro)), (size(left, lro), size(left, lo), sum_size), copy_if_needed=True)
+    r3 = view(ctx, permute(ctx, right, *(lro + summed + ro + lo)), (size(left, lro), sum_size, size(right, ro)), copy_if_needed=True)
+    out = ctx.new((l3.shape[0], l3.shape[1], r3.shape[2]), promote(left.dtype, right.dtype), "bmm", left.grad or right.grad)
+    ctx.save(r3 if left.grad else None, l3 if right.grad else None)
+    return permute(ctx, view(ctx, out, out_size), *(order.index(i) for i in range(len(order))))
 
 
 __all__ = ["BYTES", "Storage", "Value", "Context", "Op", "Step", "dense", "promote", "broadcast"]

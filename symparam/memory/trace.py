@@ -67,12 +67,13 @@ class Trace:
 
 @dataclass(frozen=True)
 class LayerCall:
-    """A decoder-layer stack's run: its path, its layers, the storage standing for every layer's input, and which of
-    the trace's saves happened inside it."""
+    """A decoder-layer stack's run: its path, its layers, the storages standing for every layer's input (one, or the
+    first layer's and the others' where the layer's output has another dtype than its input), and which of the trace's
+    saves happened inside it."""
 
     path: str
     layers: sp.Expr
-    inputs: Storage
+    inputs: tuple[Storage, ...]
     saves: range
     arguments: tuple[Storage, ...] = ()  # tensors every layer receives as keyword arguments (rotary tables, masks, positions)
 
@@ -251,15 +252,19 @@ class Interpreter:
         if maker != module.path:
             inputs = replace(inputs, owners=tuple((maker if m == module.path else m, n) for m, n in inputs.owners))
             self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
+        kept = (inputs,)
+        if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
+            kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", layers - 1))
         arguments = tuple(v.storage for v in tree_values(kwargs))
-        self.layers.append(LayerCall(module.path, layers, inputs, range(start, len(self.ctx.saved)), arguments))
+        self.layers.append(LayerCall(module.path, layers, kept, range(start, len(self.ctx.saved)), arguments))
         last = Storage(out.storage.numel, out.dtype, maker, "last layer output")
         return replace(out, storage=last)
 
     def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
         results = []
-        for m in variants.modules:
+        modules = [m for m in variants.modules if not (self.values and sp.sympify(m.copies).xreplace(self.values) == 0)]
+        for m in modules or variants.modules[:1]:
             self.ctx.kinds.append((self.ctx.copies, m.copies))
             try:
                 results.append(self.call_module(m, args, kwargs))
@@ -388,6 +393,8 @@ class Frame:
                 self.copies, it.ctx.copies = outer
                 it.ctx.kinds.pop()
             results.append(local)
+        if not results:  # the module is in no layer of this model
+            return
         if len(results) == 1:
             scope.update(results[0])
             return
@@ -655,6 +662,17 @@ def _hold(ctx: Context, x: Value) -> Value:
     return x
 
 
+def _regime(ctx: Context, n: Any) -> sp.Expr:
+    """A size as its value at the model's values and S, B (a chunk count): the formula holds where it has that value."""
+    n = sp.sympify(n)
+    value = n.xreplace(ctx.values) if ctx.values else n
+    if not value.is_number:
+        raise SymparamError(f"{n} has no value here (give the model's config, --seq and --batch)")
+    if n.free_symbols:
+        ctx.assumed.append(sp.Eq(n, value))
+    return value
+
+
 def _unsupported(ctx: Context, what: str, name: Any) -> Value:
     raise SymparamError(f"{what} {name!r} is not described")
 
@@ -715,7 +733,12 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "baddbmm": lambda ctx, base, a, b, beta=1, alpha=1: ops.baddbmm(ctx, base, a, b),  # beta * base + alpha * (a @ b)
     "vector_norm": ops.vector_norm,
     "detach": ops.detach,
-    "cumsum": _integer("cumsum"),
+    "cumsum": lambda ctx, x, dim=-1, dtype=None: ctx.new(x.shape, dtype or (x.dtype if x.dtype in ops.FLOATS else "int64"), "cumsum", x.grad),
+    "convolution": lambda ctx, x, weight, bias=None, padding=0, groups=1: ops.conv1d(ctx, x, weight, bias or None, padding, groups),
+    "select": lambda ctx, x, dim, index: ops.select(ctx, x, int(dim), index),
+    "einsum": ops.einsum,
+    "regime": _regime,
+    "pad_dim": lambda ctx, x, dim, left, right: ops.pad_dim(ctx, x, int(dim), left, right),
     "histc": _integer("histc"),
     **{f"{n}_": (lambda n: lambda ctx, a, b: ops.inplace(ctx, n, a, b))(n) for n in ("add", "sub", "mul", "div")},
     "clamp": lambda ctx, x, low=None, high=None: ops.clamp(ctx, x, low, high),
@@ -730,7 +753,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "repeat": lambda ctx, x, *times: ops.repeat(ctx, x, *_shape(times)),
     "repeat_interleave": lambda ctx, x, times, dim: ops.repeat_interleave(ctx, x, _size(times), int(dim)),
     "compare": ops.compare,
-    "stack": lambda ctx, values, dim=-1: ops.stack(ctx, list(values), int(dim)),
+    "stack": lambda ctx, values, dim=0, count=None: ops.stack(ctx, list(values), int(dim), count),
     "expm1": ops.unary("output", "expm1"),
     "minimum": lambda ctx, a, b: ops.extremum(ctx, "minimum", a, b),
     "maximum": lambda ctx, a, b: ops.extremum(ctx, "maximum", a, b),
