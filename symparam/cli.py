@@ -187,6 +187,31 @@ def add_memory(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--optimizer", default=None, metavar="NAME", help="optimizer convention: adamw (default), adamw-mixed, adamw-megatron, sgd, adafactor, adamw-8bit")
     train.add_argument("--attention", default=None, choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
     train.add_argument("--checkpointing", default=None, choices=("none", "full"), help="activation checkpointing of the decoder layers (default none)")
+    add_layout(parser)
+
+
+def add_layout(parser: argparse.ArgumentParser) -> None:
+    """The parallel layout: degrees and the convention each follows (memory/conventions/layouts.toml)."""
+    group = parser.add_argument_group("parallel layout (what each GPU holds)")
+    for name, what in (("dp", "data-parallel ranks"), ("tp", "tensor-parallel ranks"), ("pp", "pipeline stages"),
+                       ("ep", "expert-parallel ranks (routed experts divided, carved from dp x tp)"), ("cp", "context-parallel ranks")):
+        group.add_argument(f"--{name}", type=int, default=None, metavar="N", help=f"{what} (default 1)")
+    group.add_argument("--sharding", default=None, metavar="NAME", help="data-parallel convention: ddp (default), zero1, zero2, zero3, fsdp2")
+    group.add_argument("--tp-plan", default=None, metavar="NAME", help="tensor-parallel convention: transformers (the model's own plan, default) or megatron")
+    group.add_argument("--pp-split", default=None, metavar="NAME", help="pipeline split: torchtitan (default), megatron, megatron-balanced, transformers")
+    group.add_argument("--schedule", default=None, metavar="NAME", help="pipeline schedule: 1f1b (default), gpipe, naive")
+    group.add_argument("--microbatches", type=int, default=None, metavar="M", help="micro-batches per optimizer step (default: pp)")
+
+
+def layout_from(args: argparse.Namespace) -> object | None:
+    """The Layout the options give, or None where none is given."""
+    from symparam.memory.sharding import Layout
+
+    names = ("dp", "tp", "pp", "ep", "cp", "sharding", "tp_plan", "pp_split", "schedule", "microbatches")
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if not given:
+        return None
+    return Layout(**given)
 
 
 def add_quant(parser: argparse.ArgumentParser) -> None:
@@ -215,7 +240,10 @@ def cmd_memory(args: argparse.Namespace) -> str:
     if args.train and args.seq is None:
         raise SymparamError("--train: give --seq S (and --batch B): a training step's activations grow with them")
     train = memory.Train(args.optimizer or "adamw", args.attention or "sdpa", args.checkpointing or "none") if args.train else None
-    report = memory.report(model_from(args), args.dtype, args.seq, args.batch, args.quant, train)
+    layout = layout_from(args)
+    if layout is not None and not args.train and layout.dp > 1:
+        raise SymparamError("--dp: data-parallel ranks each hold a copy of the model when serving; it describes a training step (add --train)")
+    report = memory.report(model_from(args), args.dtype, args.seq, args.batch, args.quant, train, layout)
     return json.dumps(report, indent=2) if args.json else memory.text(report)
 
 
