@@ -214,38 +214,32 @@ class Plan:
             return size.xreplace({V: parse(self.layout.tensor["vocabulary"], {"V": V, "tp": TP})})
         return size
 
-    def scopes(self) -> dict[str, dict[sp.Symbol, sp.Expr]]:
-        """Module path -> the sizes its code sees divided: the parent module of every split that keeps its output split
-        (the attention around q_proj sees h/T heads), each size a unit of layouts.toml's list."""
+    def scopes(self, rank: int = 0) -> dict[str, dict[sp.Symbol, sp.Expr]]:
+        """Module path -> the sizes its code sees on tensor rank `rank`: the parent module of every split that keeps its
+        output split (the attention around q_proj sees h/T heads), each size a unit of layouts.toml's list; heads must
+        divide by T, a width may split unevenly (rank r's chunk)."""
         if not self.on:
             return {}
         units = [sp.Symbol(u, integer=True, positive=True) for u in table()["tensor"]["units"]]
+        heads = set(table()["tensor"]["heads"])
         out: dict[str, dict[sp.Symbol, sp.Expr]] = {}
         for piece in tensors(self.model.tree):
             style = self.style(piece.path)
             found = self.split_dim(piece.path, piece.shape)
             if style is None or found is None or not style.get("scope") or piece.expert and self.layout.ep > 1:
                 continue
-            dim, packed = found
-            size = piece.shape[dim]
+            size = piece.shape[found[0]]
             unit = next((u for u in units if u in size.free_symbols), None)
             if unit is None:
                 raise SymparamError(f"--tp: {piece.path}: its split size {size} has none of the sizes a split can divide ({', '.join(map(str, units))})")
-            module = piece.path.rpartition(".")[0]
-            if self.model.recipe.tp_plan and pattern_of(self.model.recipe.tp_plan, piece.path) == piece.path:
-                module = piece.path  # a parameter named in the plan: its module is the one around it
-            scope = module.rpartition(".")[0]
+            named = pattern_of(self.model.recipe.tp_plan, piece.path) == piece.path  # a parameter named in the plan itself
+            scope = (piece.path if named else piece.path.rpartition(".")[0]).rpartition(".")[0]
             value = unit.xreplace(self.values)
-            if not sp.sympify(value / self.layout.tp).is_Integer:
-                raise SymparamError(f"--tp {self.layout.tp}: {self.layout.tp_plan}'s plan splits {piece.path} by {unit} = {value}, "
-                                    f"which {self.layout.tp} ranks cannot share evenly: {self.layout.tensor['heads']}")
-            target = vocabulary_unit(self, piece.path, unit)
-            out.setdefault(scope, {})[unit] = target / TP
+            if str(unit) in heads and not sp.sympify(value / self.layout.tp).is_Integer:
+                raise SymparamError(f"--tp {self.layout.tp}: the {self.layout.tp_plan} plan splits {piece.path} by {unit} = {value}, "
+                                    f"which {self.layout.tp} ranks cannot share: {self.layout.tensor['heads']}")
+            out.setdefault(scope, {})[unit] = chunk(self.vocabulary(piece.path, unit), TP, rank, self.values, self.assumed)
         return out
-
-
-def vocabulary_unit(plan: Plan, path: str, unit: sp.Symbol) -> sp.Expr:
-    return plan.vocabulary(path, unit) if unit == V else unit
 
 
 def pattern_of(plan: Mapping[str, str], path: str) -> str | None:
@@ -420,22 +414,25 @@ class Rank:
 
 def rank_tree(model: Model, plan: Plan, rank: Rank, where: Places | None) -> Term:
     """The model's tree as one rank holds it: each tensor's local shape, n/E routed experts, the layers of its stage
-    (layer counts renamed to the stage's: N -> L), the modules of other stages left out; with stages, a head tied to the
-    embedding is a tensor of the last stage (which keeps the table too). Facts (the KV cache per token) read the sizes
+    (layer counts renamed to the stage's: N -> L), the modules of other stages left out, but the last stage keeps the
+    table a tied head reads (as transformers keeps embed_tokens there). Facts (the KV cache per token) read the sizes
     their module computes on."""
     layout = plan.layout
-    scopes = plan.scopes()
+    scopes = plan.scopes(rank.tp_rank)
     renamed = rank.stage.renamed if where is not None else {}
+
+    tied = {leaf.shape for leaf in walk_leaves(model.tree) if leaf.tied}
 
     def visit(term: Term, path: str, stack: sp.Expr) -> Term | None:
         path = f"{path}.{term.key}" if path and term.key else path or term.key
         if where is not None and path:
             home = where.stage_of(path)
-            if home == "first" and not rank.stage.first or home == "last" and not rank.stage.last:
+            table = rank.stage.last and any(leaf.lookup and leaf.shape in tied for leaf in walk_leaves(term))
+            if home == "first" and not rank.stage.first and not table or home == "last" and not rank.stage.last:
+                return None
+            if home == "first" and not rank.stage.first and term.is_leaf and not (term.lookup and term.shape in tied):
                 return None
         if term.is_leaf:
-            if term.tied and layout.pp > 1:
-                term = replace(term, tied=False)
             full = term.shape if stack == ONE else (stack,) + term.shape
             local = full if stack != ONE and layout.ep > 1 else plan.local_shape(path, tuple(full), rank.tp_rank)
             if stack != ONE and sp.simplify(local[0] - full[0]) != 0:
@@ -455,6 +452,13 @@ def rank_tree(model: Model, plan: Plan, rank: Rank, where: Places | None) -> Ter
                        facts=facts)
 
     return visit(model.tree, "", ONE)
+
+
+def walk_leaves(term: Term) -> Iterator[Term]:
+    if term.is_leaf:
+        yield term
+    for child in term.children:
+        yield from walk_leaves(child)
 
 
 def scope_of(scopes: Mapping[str, Mapping[sp.Symbol, sp.Expr]], path: str) -> dict[sp.Symbol, sp.Expr]:
@@ -517,6 +521,24 @@ def split_pieces(pieces: list[Piece], how: str, degree: sp.Expr, align: int, ran
     if how == "tensor":
         return [replace(p, shape=(sp.ceiling(p.numel / degree),)) for p in pieces]
     return [replace(p, shape=(chunk(p.shape[0], degree, 0 if how == "dim0" else rank, values, assumed),) + p.shape[1:]) for p in pieces]
+
+
+def rank_tensors(model: Model, layout: Layout, rank: Rank, padded: bool = True) -> dict[str, sp.Expr]:
+    """Elements of each parameter tensor one rank holds over its layers, by name: the plan's, the experts' and the
+    stage's split, then the data-parallel convention's for the weights where it splits each tensor apart (`padded`: the
+    storage a rank allocates; else its own rows). A flat buffer (DeepSpeed) is not per tensor: its weights are whole."""
+    values = {**as_subs(model.values), **layout.values, **rank.stage.values}
+    plan = Plan(model, layout, values)
+    where = places(model) if layout.pp > 1 else None
+    how = layout.data["weights"]
+    how = how if how in ("tensor", "dim0") else "whole"
+    out: dict[str, sp.Expr] = {}
+    for piece in tensors(rank_tree(model, plan, rank, where)):
+        degree = group_degree(layout, piece.expert)
+        index = 0 if padded else rank.dp_rank
+        [local] = split_pieces([piece], "dim0-local" if how == "dim0" else how, degree, 1, index, values, plan.assumed)
+        out[piece.path] = sp.expand(out.get(piece.path, ZERO) + local.count * local.numel)
+    return out
 
 
 # ---------------------------------------------------------------- what each rank holds
@@ -677,7 +699,7 @@ def training_holds(model: Model, layout: Layout, plan: Plan, rank: Rank, label: 
     extras = [(e["name"], terms[e["of"]] if e["split"] == "whole" else ZERO, e["what"]) for e in spec.get("extra", [])]
     flight = in_flight(layout, rank.stage)
     activations = view.bytes(rank)
-    loss = view.loss_peak() if rank.stage.last else ZERO
+    loss = view.loss_peak(rank) if rank.stage.last else ZERO
     base = terms["weights"] + terms["optimizer_states"] + sp.Add(*(e for _, e, _ in extras))
     accumulating = layout.steps > 1
     parts = (
@@ -725,14 +747,13 @@ class Activation:
         self.trace = trace(model, Mode(act=act, attention=train.attention, use_cache=use_cache), context)
         self.kept = kept(self.trace, train.checkpointing)
         self.model, self.layout, self.plan = model, layout, plan
-        self.scopes = plan.scopes()
         self.where = places(model)
         self.assumed = list(self.trace.assumed)
         self.sequence = layout.tp > 1 and "sequence_parallel" in layout.tensor
 
-    def subs(self, module: str) -> dict[sp.Symbol, sp.Expr]:
+    def subs(self, module: str, rank: Rank) -> dict[sp.Symbol, sp.Expr]:
         """The sizes code in `module` sees on a rank: its scopes' shares, and the sequence it holds."""
-        out = dict(scope_of(self.scopes, module))
+        out = dict(scope_of(self.plan.scopes(rank.tp_rank), module))
         sequence = S / self.layout.symbol("cp")
         under = module.startswith(self.where.shared + ".") and self.where.stage_of(module) != "every"
         if self.sequence and under and not any(k != V for k in out):
@@ -757,7 +778,7 @@ class Activation:
                 continue
             module = self.where.stack if s.op == "layer input" and piped else s.module
             copies = sp.sympify(s.copies).xreplace(rank.stage.renamed) if piped else s.copies
-            out.append(replace(s, numel=sp.sympify(s.numel).xreplace(self.subs(module)), copies=copies,
+            out.append(replace(s, numel=sp.sympify(s.numel).xreplace(self.subs(module, rank)), copies=copies,
                                owners=() if piped else tuple((m, c) for m, c in s.owners), module=module))
         return out
 
@@ -769,9 +790,9 @@ class Activation:
 
         return tuple((p.module, p.layers, p.bytes) for p in parts(self.storages(rank)))
 
-    def loss_peak(self) -> sp.Expr:
+    def loss_peak(self, rank: Rank) -> sp.Expr:
         """The loss head's fp32 gradients (training.py's loss peak) as the rank computing the loss holds them."""
-        return sp.expand(sp.Add(*self.trace.loss_gradients).xreplace(self.subs("")) + 4)
+        return sp.expand(sp.Add(*self.trace.loss_gradients).xreplace(self.subs("", rank)) + 4)
 
 
 # ---------------------------------------------------------------- report

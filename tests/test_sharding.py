@@ -1,0 +1,115 @@
+"""Per-GPU memory under a parallel layout against the real sharding code: transformers' own distribution (its
+tensor-parallel plans, FSDP2, expert and pipeline parallelism) on torch's fake process group, rank by rank, tensor by
+tensor; what autograd saves in a tensor-parallel forward; DeepSpeed's, ZeRO's and Megatron-LM's published formulas
+on their own examples; pipeline splits as their sources state them."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from typing import Any
+
+import pytest
+import sympy as sp
+
+import symparam
+from symparam.components import walk
+from symparam.config import as_subs
+from symparam.memory import Train, sharding
+from symparam.recipes import REGISTRY
+from symparam.symbols import B, S
+
+from families import default_config
+from oracle import meta_model
+from sharding_oracle import rank_parameters, saved_bytes
+
+NO_TOKENS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+TINY = {  # small configs whose splits are uneven where they may be (vocabulary, FFN width, rows over FSDP ranks)
+    "llama": {"model_type": "llama", "vocab_size": 1001, "hidden_size": 64, "intermediate_size": 97, "num_hidden_layers": 5,
+              "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16, "tie_word_embeddings": False, **NO_TOKENS},
+    "qwen3": {"model_type": "qwen3", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 5,
+              "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16, "tie_word_embeddings": True, **NO_TOKENS},
+    "qwen3_moe": {"model_type": "qwen3_moe", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 48,
+                  "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16, "num_experts": 8,
+                  "num_experts_per_tok": 2, "mlp_only_layers": [1], "tie_word_embeddings": False, **NO_TOKENS},
+    "deepseek_v3": {"model_type": "deepseek_v3", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 48,
+                    "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "n_shared_experts": 1, "first_k_dense_replace": 2, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                    "qk_rope_head_dim": 8, "v_head_dim": 16, "n_group": 2, "topk_group": 1, "tie_word_embeddings": False, **NO_TOKENS},
+}
+LAYOUTS = {  # transformers' DistributedConfig -> symparam's layout
+    "tp2": ({"tp_size": 2}, {"tp": 2}),
+    "fsdp3": ({"fsdp_size": 3}, {"dp": 3, "sharding": "fsdp2"}),
+    "tp2-fsdp2": ({"tp_size": 2, "fsdp_size": 2}, {"tp": 2, "dp": 2, "sharding": "fsdp2"}),
+    "pp2": ({"pp_size": 2}, {"pp": 2, "pp_split": "transformers"}),
+    "pp3": ({"pp_size": 3}, {"pp": 3, "pp_split": "transformers"}),
+}
+MOE_LAYOUTS = {
+    "ep2-fsdp2": ({"fsdp_size": 2, "ep_size": 2}, {"dp": 2, "ep": 2, "sharding": "fsdp2"}),
+    "ep4-tp2-fsdp2": ({"tp_size": 2, "fsdp_size": 2, "ep_size": 4}, {"tp": 2, "dp": 2, "ep": 4, "sharding": "fsdp2"}),
+}
+
+
+def coordinates(degrees: dict[str, int], rank: int) -> tuple[int, int, int]:
+    """(pipeline stage, FSDP rank, tensor rank) of a global rank on transformers' mesh (pp, dp_replicate, fsdp, tp)."""
+    tp, fsdp = degrees.get("tp_size", 1), degrees.get("fsdp_size", 1)
+    return rank // (tp * fsdp), (rank // tp) % fsdp, rank % tp
+
+
+def symparam_rank(model, layout: sharding.Layout, degrees: dict[str, int], rank: int) -> dict[str, tuple[int, int]]:
+    stage, dp_rank, tp_rank = coordinates(degrees, rank)
+    held = sharding.Rank(sharding.stages(model, layout)[stage], tp_rank, dp_rank)
+    values = {**as_subs(model.values), **layout.values, **held.stage.values}
+    own = sharding.rank_tensors(model, layout, held, padded=False)
+    stored = sharding.rank_tensors(model, layout, held, padded=True)
+    return {name: (int(own[name].xreplace(values)), int(stored[name].xreplace(values))) for name in own if stored[name].xreplace(values)}
+
+
+CASES = [(f, lay) for f in TINY for lay in LAYOUTS] + [(f, lay) for f in ("qwen3_moe", "deepseek_v3") for lay in MOE_LAYOUTS]
+
+
+@pytest.mark.parametrize(("family", "layout"), CASES)
+def test_parameters_per_rank_equal_transformers_distributed(family: str, layout: str) -> None:
+    """Every rank of the world, every tensor: the rank's own elements and the storage it allocates (FSDP2's padding)."""
+    degrees, mine = {**LAYOUTS, **MOE_LAYOUTS}[layout]
+    config = TINY[family]
+    model = symparam.load(config)
+    shape = sharding.Layout(**mine)
+    for rank in range(degrees.get("pp_size", 1) * degrees.get("fsdp_size", 1) * degrees.get("tp_size", 1)):
+        expected = {k: v for k, v in rank_parameters(config, degrees, rank).items() if v[1]}
+        found = symparam_rank(model, shape, degrees, rank)
+        assert found == expected, f"rank {rank}:\n" + "\n".join(
+            f"  {k}: symparam {found.get(k)}, transformers {expected.get(k)}" for k in sorted(set(found) | set(expected)) if found.get(k) != expected.get(k))
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
+def test_activations_per_rank_equal_what_a_tensor_parallel_forward_saves(family: str, tp: int) -> None:
+    """The rank's activations per module: transformers' plan applied with DTensor, a real bf16 forward with the loss
+    under saved_tensors_hooks on tensor ranks 0 and T-1, at two (B, S)."""
+    config = {**TINY[family], "vocab_size": 1000, "intermediate_size": 96, "use_cache": False}
+    if "moe_intermediate_size" in config:
+        config["moe_intermediate_size"] = 64  # torch's CPU grouped_mm needs each rank's rows 16-byte aligned
+    model = symparam.load(config)
+    layout = sharding.Layout(tp=tp)
+    tree = {path for node, _, _, path in walk(model.tree) if not node.is_leaf}
+    for batch, seq in ((1, 5), (2, 7)):
+        result = sharding.per_rank(model, layout, "bf16", {B: batch, S: seq}, Train("adamw", "sdpa", "none"))
+        held = result.ranks[0]
+        mine: dict[str, int] = {}
+        for module, copies, each in held.modules:
+            value = int((copies * each).xreplace({**result.values, **held.rank.stage.values}))
+            if value:
+                mine[module or ""] = mine.get(module or "", 0) + value
+        for rank in (0, tp - 1):
+            reference = saved_bytes(config, {"tp_size": tp}, rank, batch, seq, tree)
+            assert mine == reference, f"rank {rank}, B={batch}, S={seq}:\n" + "\n".join(
+                f"  {k}: symparam {mine.get(k, 0):,}, autograd {reference.get(k, 0):,}" for k in sorted(set(mine) | set(reference)) if mine.get(k) != reference.get(k))
+
+
+@pytest.mark.parametrize("family", sorted(r.family for r in REGISTRY if r.family != "classic"))
+def test_tp_plan_is_the_one_transformers_builds(family: str) -> None:
+    """Each recipe's [tp_plan] is the model's tp_plan as transformers 5.23 builds it (its config class's
+    base_model_tp_plan, its causal LM's _tp_plan, the embedding rule PreTrainedModel adds); none where it has none."""
+    built = meta_model(json.dumps(default_config(family), sort_keys=True))
+    assert REGISTRY.family(family).tp_plan == dict(built.tp_plan or {})
