@@ -127,3 +127,22 @@ def saved_bytes(config: dict[str, Any], degrees: dict[str, int], rank: int, batc
             name = name.rpartition(".")[0]
         out[name] = out.get(name, 0) + nbytes
     return out
+
+
+def step_state(config: dict[str, Any], degrees: dict[str, int], rank: int) -> dict[str, int]:
+    """Bytes a rank holds after an fp32 training step of the distributed model with torch's AdamW (foreach): its
+    parameters', gradients' and optimizer states' storages, each storage once."""
+    with fake_world(world_size(degrees), rank):
+        model = distribute(config, degrees, device="cpu").train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        ids = torch.randint(0, config["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(0))
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+
+        def total(tensors) -> int:
+            seen = {local(t).untyped_storage().data_ptr(): local(t).untyped_storage().nbytes() for t in tensors}
+            return sum(seen.values())
+
+        params = list(model.parameters())
+        return {"weights": total(params), "gradients": total(p.grad for p in params),
+                "optimizer_states": total(v for p in params for v in optimizer.state[p].values())}

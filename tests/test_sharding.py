@@ -21,7 +21,7 @@ from symparam.symbols import B, S
 
 from families import default_config
 from oracle import meta_model
-from sharding_oracle import rank_parameters, saved_bytes
+from sharding_oracle import rank_parameters, saved_bytes, step_state
 
 NO_TOKENS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 TINY = {  # small configs whose splits are uneven where they may be (vocabulary, FFN width, rows over FSDP ranks)
@@ -113,3 +113,86 @@ def test_tp_plan_is_the_one_transformers_builds(family: str) -> None:
     base_model_tp_plan, its causal LM's _tp_plan, the embedding rule PreTrainedModel adds); none where it has none."""
     built = meta_model(json.dumps(default_config(family), sort_keys=True))
     assert REGISTRY.family(family).tp_plan == dict(built.tp_plan or {})
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_fsdp2_step_equals_fully_shard(family: str) -> None:
+    """FSDP2 after a real AdamW step on the first and the last data rank: padded weight and gradient shards (the same
+    on every rank), optimizer states made like each rank's own rows (rank 0 holds the most)."""
+    config = TINY[family]
+    model = symparam.load(config)
+    layout = sharding.Layout(dp=3, sharding="fsdp2")
+    stage = sharding.stages(model, layout)[0]
+    result = sharding.per_rank(model, layout, "fp32", {B: 2, S: 5}, Train("adamw", "sdpa", "none"), ranks=[sharding.Rank(stage, 0, r) for r in (0, 2)])
+    for held in result.ranks:
+        mine = {name: result.exact(held, e) for name, e, _ in held.parts if name in ("weights", "gradients", "optimizer_states")}
+        assert mine == step_state(config, {"fsdp_size": 3}, held.rank.dp_rank), f"data rank {held.rank.dp_rank}"
+
+
+def model_states(model, layout: sharding.Layout, optimizer: str) -> tuple[Fraction, dict[str, int]]:
+    """Bytes per parameter of weights, gradients and optimizer states on the most-loaded rank, and its moments."""
+    result = sharding.per_rank(model, layout, "bf16", {B: 1, S: 8}, Train(optimizer, "sdpa", "none"))
+    held = result.most_loaded
+    states = sum(result.exact(held, held.part(name)) for name in ("weights", "gradients", "optimizer_states"))
+    return Fraction(states, model.count().total), {name: result.exact(held, e) for name, e, _ in held.moments}
+
+
+LLAMA_7B = "llama-2-7b"  # 6,738,415,616 parameters, a multiple of 128 and every tensor of 64: no padding at D = 64
+
+
+@pytest.mark.parametrize(("sharding_name", "per_parameter", "published"), [
+    ("ddp", Fraction(16), "120"),  # baseline: (2 + 2 + K) * Psi
+    ("zero1", 4 + Fraction(12, 64), "31.4"),  # P_os: 4*Psi + K*Psi/N_d
+    ("zero2", 2 + Fraction(14, 64), "16.6"),  # P_os+g: 2*Psi + (2 + K)*Psi/N_d
+    ("zero3", Fraction(16, 64), "1.9"),  # P_os+g+p: (2 + 2 + K)*Psi/N_d
+])
+def test_zero_paper_figure_1(sharding_name: str, per_parameter: Fraction, published: str) -> None:
+    """Rajbhandari et al. 2020 (ZeRO), Figure 1: model states per device with mixed-precision Adam (K = 12) over
+    N_d = 64 data-parallel devices, for Psi = 7.5B parameters: 120, 31.4, 16.6 and 1.9 GB."""
+    ratio, _ = model_states(symparam.load(LLAMA_7B), sharding.Layout(dp=64, sharding=sharding_name), "adamw-mixed")
+    assert ratio == per_parameter
+    assert round(float(ratio * 7_500_000_000) / 1e9, 1) == float(published)
+
+
+def test_deepspeed_zero2_estimator() -> None:
+    """DeepSpeed's estimate_zero2_model_states_mem_needs without offload: 2*P + int(18*P/N) bytes per GPU (2: fp16
+    params; 18: fp16 and fp32 gradients, fp32 params, momentum and variance, split over N): the optimizer step's moment."""
+    model = symparam.load(LLAMA_7B)
+    total = model.count().total
+    _, moments = model_states(model, sharding.Layout(dp=64, sharding="zero2"), "adamw-mixed")
+    assert moments["optimizer step"] == 2 * total + int(18 * total / 64)
+
+
+@pytest.mark.parametrize(("sharding_name", "per_parameter"), [("ddp", Fraction(18)), ("zero1", 6 + Fraction(12, 8))])
+def test_megatron_distributed_optimizer_bytes(sharding_name: str, per_parameter: Fraction) -> None:
+    """Megatron-LM's docs (distrib_optimizer.md), bf16 parameters with fp32 gradients: 18 bytes per parameter without
+    the distributed optimizer, 6 + 12/d with it (here d = 8)."""
+    ratio, _ = model_states(symparam.load(LLAMA_7B), sharding.Layout(dp=8, sharding=sharding_name), "adamw-megatron")
+    assert ratio == per_parameter
+
+
+@pytest.mark.parametrize(("tp", "padded"), [(2, 50432), (8, 51200)])
+def test_megatron_vocabulary_padding(tp: int, padded: int) -> None:
+    """Megatron-LM pads GPT-2's 50,257 tokens to a multiple of 128*T (_vocab_size_with_padding: 51,200 with T = 8);
+    each tensor rank holds padded/T rows of the embedding and of the head."""
+    model = symparam.load("qwen3-8b", overrides={"V": 50257})
+    layout = sharding.Layout(tp=tp, tp_plan="megatron")
+    held = sharding.rank_tensors(model, layout, sharding.Rank(sharding.stages(model, layout)[0]))
+    values = {**as_subs(model.values), **layout.values}
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        assert int(held[name].xreplace(values)) == padded // tp * model.values["d"]
+
+
+@pytest.mark.parametrize(("split", "layers", "stages", "expected"), [
+    ("torchtitan", 94, 4, [23, 24, 24, 23]),  # N + 2 = 96 slots, 24 each, the embedding and the head take one each
+    ("torchtitan", 61, 8, [7, 8, 8, 8, 8, 8, 8, 6]),  # 63 slots: 8 for the first 7 stages, 7 for the last
+    ("megatron", 96, 8, [12] * 8),  # num_layers % pipeline_model_parallel_size == 0
+    ("megatron-balanced", 94, 4, [23, 24, 24, 23]),  # (num_layers + 2) / P, one fewer on the first and last stage
+    ("transformers", 61, 8, [7, 7, 7, 7, 7, 7, 7, 12]),  # 61 // 8 each, the remainder on the last stage
+])
+def test_pipeline_splits(split: str, layers: int, stages: int, expected: list[int]) -> None:
+    """Layers per stage as each implementation computes them (torchtitan's generate_llm_fqn_per_model_part with
+    input_weight = output_weight = 1, Megatron-LM's get_num_layers_to_build, transformers' layer_range_for_rank)."""
+    bounds = sharding.split(layers, sharding.Layout(pp=stages, pp_split=split))
+    assert [end - start for start, end in bounds] == expected
+    assert bounds[0][0] == 0 and bounds[-1][1] == layers

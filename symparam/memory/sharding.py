@@ -603,9 +603,10 @@ def kinds_of_ranks(model: Model, layout: Layout, plan: Plan, where: Places | Non
 
 
 def per_rank(model: Model, layout: Layout, dtype: str, context: Mapping[sp.Symbol, int], train: Any = None,
-             quant: str | None = None) -> PerRank:
-    """What each kind of rank holds under a layout: for training (`train`: optimizer, attention, checkpointing) its
-    weights, gradients, optimizer states, activations and the loss's moment; for serving its weights and KV cache."""
+             quant: str | None = None, ranks: list[Rank] | None = None) -> PerRank:
+    """What each kind of rank holds under a layout (or the given `ranks`): for training (`train`: optimizer, attention,
+    checkpointing) its weights, gradients, optimizer states, activations and the loss's moment; for serving its weights
+    and KV cache."""
     if model.values is None:
         raise SymparamError(f"{model.name}: per-rank memory needs a config's values")
     if layout.tp > 1 and not model.recipe.tp_plan:
@@ -614,7 +615,7 @@ def per_rank(model: Model, layout: Layout, dtype: str, context: Mapping[sp.Symbo
     values = {**as_subs(model.values), **layout.values, **{k: sp.Integer(v) for k, v in context.items()}}
     plan = Plan(model, layout, values)
     where = places(model) if layout.pp > 1 else None
-    ranks = kinds_of_ranks(model, layout, plan, where)
+    ranks = ranks if ranks is not None else kinds_of_ranks(model, layout, plan, where)
     trace_view = Activation(model, layout, plan, dtype, train, context) if train is not None else None
     held = tuple(rank_holds(model, layout, plan, where, rank, dtype, train, quant, trace_view, values) for rank in ranks)
     assumed = tuple(dict.fromkeys(plan.assumed + (list(trace_view.assumed) if trace_view else [])))
