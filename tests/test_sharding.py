@@ -16,6 +16,7 @@ import symparam
 from symparam.components import walk
 from symparam.config import as_subs
 from symparam.memory import Train, sharding
+from symparam.memory import report as memory_report
 from symparam.recipes import REGISTRY
 from symparam.symbols import B, S
 
@@ -130,11 +131,11 @@ def test_fsdp2_step_equals_fully_shard(family: str) -> None:
 
 
 def model_states(model, layout: sharding.Layout, optimizer: str) -> tuple[Fraction, dict[str, int]]:
-    """Bytes per parameter of weights, gradients and optimizer states on the most-loaded rank, and its moments."""
+    """Bytes per parameter of weights, gradients and optimizer states on the most-loaded rank, and its parts."""
     result = sharding.per_rank(model, layout, "bf16", {B: 1, S: 8}, Train(optimizer, "sdpa", "none"))
     held = result.most_loaded
-    states = sum(result.exact(held, held.part(name)) for name in ("weights", "gradients", "optimizer_states"))
-    return Fraction(states, model.count().total), {name: result.exact(held, e) for name, e, _ in held.moments}
+    parts = {name: result.exact(held, e) for name, e, _ in held.parts}
+    return Fraction(parts["weights"] + parts["gradients"] + parts["optimizer_states"], model.count().total), parts
 
 
 LLAMA_7B = "llama-2-7b"  # 6,738,415,616 parameters, a multiple of 128 and every tensor of 64: no padding at D = 64
@@ -156,11 +157,13 @@ def test_zero_paper_figure_1(sharding_name: str, per_parameter: Fraction, publis
 
 def test_deepspeed_zero2_estimator() -> None:
     """DeepSpeed's estimate_zero2_model_states_mem_needs without offload: 2*P + int(18*P/N) bytes per GPU (2: fp16
-    params; 18: fp16 and fp32 gradients, fp32 params, momentum and variance, split over N): the optimizer step's moment."""
+    params; 18: fp16 and fp32 gradients, fp32 params, momentum and variance, split over N): the model's states with what
+    the optimizer step makes (the fp32 gradient partition)."""
     model = symparam.load(LLAMA_7B)
     total = model.count().total
-    _, moments = model_states(model, sharding.Layout(dp=64, sharding="zero2"), "adamw-mixed")
-    assert moments["optimizer step"] == 2 * total + int(18 * total / 64)
+    _, parts = model_states(model, sharding.Layout(dp=64, sharding="zero2"), "adamw-mixed")
+    at_step = parts["weights"] + parts["gradients"] + parts["optimizer_states"] + parts["optimizer_step"]
+    assert at_step == 2 * total + int(18 * total / 64)
 
 
 @pytest.mark.parametrize(("sharding_name", "per_parameter"), [("ddp", Fraction(18)), ("zero1", 6 + Fraction(12, 8))])
@@ -196,3 +199,13 @@ def test_pipeline_splits(split: str, layers: int, stages: int, expected: list[in
     bounds = sharding.split(layers, sharding.Layout(pp=stages, pp_split=split))
     assert [end - start for start, end in bounds] == expected
     assert bounds[0][0] == 0 and bounds[-1][1] == layers
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_one_gpu_is_the_training_step(checkpointing: str) -> None:
+    """A layout of one GPU is memory --train's step: the same moments (training.py's, checked against fake runs)."""
+    model = symparam.load("qwen3-30b-a3b")
+    result = sharding.per_rank(model, sharding.Layout(), "bf16", {B: 1, S: 2048}, Train("adamw", "sdpa", checkpointing))
+    held = result.ranks[0]
+    step = memory_report(model, "bf16", 2048, 1, None, Train("adamw", "sdpa", checkpointing))["training"]
+    assert [(name, result.exact(held, e)) for name, e, _ in held.moments] == [(m["at"], m["bytes"]) for m in step["moments"]]

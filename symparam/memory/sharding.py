@@ -10,6 +10,7 @@ that compute on the rank's share (the plan's scopes), and the sequence under con
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -112,14 +113,15 @@ class Layout:
     def tensor(self) -> dict[str, Any]:
         return convention("tensor", self.tp_plan, "--tp-plan")
 
-    def named(self) -> str:
+    def named(self, training: bool = True) -> str:
         """The layout in one line, each convention named."""
-        parts = [f"{self.gpus} GPUs = dp {self.dp} x tp {self.tp} x pp {self.pp} x cp {self.cp}"]
-        parts.append(f"data: {self.sharding}")
+        parts = [f"{self.gpus} GPU{'s' if self.gpus > 1 else ''} = dp {self.dp} x tp {self.tp} x pp {self.pp} x cp {self.cp}"]
+        if training:
+            parts.append(f"data: {self.sharding}")
         if self.tp > 1:
             parts.append(f"tensor: {self.tp_plan}")
         if self.pp > 1:
-            parts.append(f"pipeline: {self.pp_split} split, {self.schedule} schedule, {self.steps} micro-batches")
+            parts.append(f"pipeline: {self.pp_split} split" + (f", {self.schedule} schedule, {self.steps} micro-batches" if training else ""))
         if self.ep > 1:
             parts.append(f"experts over ep {self.ep}")
         return "; ".join(parts)
@@ -603,10 +605,10 @@ def kinds_of_ranks(model: Model, layout: Layout, plan: Plan, where: Places | Non
 
 
 def per_rank(model: Model, layout: Layout, dtype: str, context: Mapping[sp.Symbol, int], train: Any = None,
-             quant: str | None = None, ranks: list[Rank] | None = None) -> PerRank:
+             quant: str | None = None, ranks: list[Rank] | None = None, found: Traced | None = None) -> PerRank:
     """What each kind of rank holds under a layout (or the given `ranks`): for training (`train`: optimizer, attention,
     checkpointing) its weights, gradients, optimizer states, activations and the loss's moment; for serving its weights
-    and KV cache."""
+    and KV cache. `found`: the training forward traced at these B and S already (a search over layouts traces it once)."""
     if model.values is None:
         raise SymparamError(f"{model.name}: per-rank memory needs a config's values")
     if layout.tp > 1 and not model.recipe.tp_plan:
@@ -616,21 +618,24 @@ def per_rank(model: Model, layout: Layout, dtype: str, context: Mapping[sp.Symbo
     plan = Plan(model, layout, values)
     where = places(model) if layout.pp > 1 else None
     ranks = ranks if ranks is not None else kinds_of_ranks(model, layout, plan, where)
-    trace_view = Activation(model, layout, plan, dtype, train, context) if train is not None else None
+    if train is not None and found is None:
+        found = traced(model, dtype, train, context)
+    trace_view = Activation(model, layout, plan, found) if train is not None else None
     held = tuple(rank_holds(model, layout, plan, where, rank, dtype, train, quant, trace_view, values) for rank in ranks)
     assumed = tuple(dict.fromkeys(plan.assumed + (list(trace_view.assumed) if trace_view else [])))
     return PerRank(layout, held, values, assumed, train is not None)
 
 
 def check_experts(model: Model, layout: Layout) -> None:
-    """Expert parallelism needs routed experts, and its ranks must fit the data- and tensor-parallel ones (they hold
-    the same tokens: E divides dp*cp*tp)."""
+    """Expert parallelism needs routed experts, and its ranks are carved from the data-, context- and tensor-parallel
+    ones (E divides dp*cp*tp: with --dp D, serving replicas of the attention share the experts)."""
     if layout.ep == 1:
         return
     if not any(p.expert for p in tensors(model.tree)):
         raise SymparamError(f"--ep {layout.ep}: {model.name} has no routed experts")
     if (layout.dp * layout.cp * layout.tp) % layout.ep:
-        raise SymparamError(f"--ep {layout.ep}: the expert-parallel ranks must divide dp x cp x tp = {layout.dp * layout.cp * layout.tp} (they hold the same tokens)")
+        raise SymparamError(f"--ep {layout.ep}: the expert-parallel ranks must divide dp x cp x tp = {layout.dp * layout.cp * layout.tp} "
+                            f"(they are the same GPUs; e.g. --dp {layout.ep // math.gcd(layout.ep, layout.cp * layout.tp)} for data-parallel attention)")
 
 
 def rank_holds(model: Model, layout: Layout, plan: Plan, where: Places | None, rank: Rank, dtype: str, train: Any,
@@ -660,8 +665,8 @@ def serving_weights(local: Model, pieces: list[Piece], dtype: str, quant: str | 
     from symparam.memory import DTYPES, storage
 
     layout = storage.layout(local, quant)
-    if layout is not None:
-        return sp.expand(layout.total), f"the rank's tensors as the checkpoint stores them ({layout.title})"
+    if layout is not None:  # what the checkpoint stores beyond the model (an MTP layer) is not loaded to serve it
+        return sp.expand(layout.total - layout.extras), f"the rank's tensors as the checkpoint stores them ({layout.title})"
     return sp.expand(sp.Add(*(p.count * p.numel for p in pieces)) * DTYPES[dtype].bytes), f"the rank's parameters in {dtype}"
 
 
@@ -697,7 +702,8 @@ def training_holds(model: Model, layout: Layout, plan: Plan, rank: Rank, label: 
         terms["optimizer_step"] += sp.Add(*(p.count * entry_bytes(opt.temporaries, p, act, names) for p in seen))
         for extra in spec.get("step", []):
             terms["optimizer_step"] += split_numel(trained, extra["split"], degree, align, rank.dp_rank, at, assumed) * BYTES[extra["dtype"]]
-    extras = [(e["name"], terms[e["of"]] if e["split"] == "whole" else ZERO, e["what"]) for e in spec.get("extra", [])]
+    replicas = layout.dp * layout.cp > 1  # one data-parallel rank runs no data-parallel wrapper
+    extras = [(e["name"], terms[e["of"]] if e["split"] == "whole" else ZERO, e["what"]) for e in spec.get("extra", []) if replicas]
     flight = in_flight(layout, rank.stage)
     activations = view.bytes(rank)
     loss = view.loss_peak(rank) if rank.stage.last else ZERO
@@ -712,12 +718,33 @@ def training_holds(model: Model, layout: Layout, plan: Plan, rank: Rank, label: 
         ("loss_peak", sp.expand(loss), "the loss head's fp32 gradients for a moment (the rank that computes the loss)"),
         ("optimizer_step", sp.expand(terms["optimizer_step"]), "what the optimizer step makes for a moment"),
     )
-    moments = (
-        ("backward", sp.expand(base + flight * activations + loss + (terms["gradients"] if accumulating else ZERO)),
-         "weights, optimizer states, the activations in flight and the loss's gradients" + (", the gradients accumulated over earlier micro-batches" if accumulating else "")),
-        ("optimizer step", sp.expand(base + terms["gradients"] + terms["optimizer_step"]), "weights, optimizer states, every gradient and what the step makes"),
-    )
+    accumulated = terms["gradients"] if accumulating else ZERO
+    extra = sp.Add(*(e for _, e, _ in extras))
+    if rank.stage.last and flight == 1:  # the rank that computes the loss, one micro-batch in flight: training.py's moments
+        from symparam.memory.activations import Activations, parts as module_parts
+        from symparam.memory.trace import Mode
+
+        local = view.local_trace(rank, {p.path: p.shape for p in pieces})
+        kept_here = view.kept_on(local, train.checkpointing)
+        step = training_moments(view.rank_model(rank, pieces), local, opt, act, terms["weights"], terms["gradients"], terms["optimizer_states"],
+                                terms["optimizer_step"], Activations(module_parts(kept_here), Mode(act=act), train.checkpointing, ()))
+        adds = {"loss backward": extra + accumulated, "end of backward": extra, "optimizer step": extra}
+        moments = tuple((name, sp.expand(e + adds[name]), what + (", what the data-parallel convention keeps" if extra != 0 else "")
+                         + (", the gradients accumulated over earlier micro-batches" if name == "loss backward" and accumulating else ""))
+                        for name, e, what in step.moments)
+    else:
+        moments = (
+            ("backward", sp.expand(base + flight * activations + accumulated),
+             "weights, optimizer states, the activations of the micro-batches in flight" + (", the gradients accumulated over earlier micro-batches" if accumulating else "")),
+            ("optimizer step", sp.expand(base + terms["gradients"] + terms["optimizer_step"]), "weights, optimizer states, every gradient and what the step makes"),
+        )
     return Held(rank, label, parameters, parts, moments, view.modules(rank))
+
+
+def training_moments(*args: Any) -> Any:
+    from symparam.memory.training import _moments
+
+    return _moments(*args)
 
 
 def in_flight(layout: Layout, stage: Stage) -> sp.Expr:
@@ -732,21 +759,34 @@ def in_flight(layout: Layout, stage: Stage) -> sp.Expr:
 # ---------------------------------------------------------------- activations seen from a rank
 
 
+@dataclass(frozen=True)
+class Traced:
+    """The single-device training forward of a model at one (B, S): its trace and the storages autograd keeps."""
+
+    trace: Any
+    kept: tuple[Any, ...]
+
+
+def traced(model: Model, dtype: str, train: Any, context: Mapping[sp.Symbol, int]) -> Traced:
+    """The training forward as training.py traces it (a checkpointed layer runs without a cache)."""
+    from symparam.memory.activations import kept
+    from symparam.memory.trace import Mode, trace
+    from symparam.memory.training import optimizer
+
+    opt = optimizer(train.optimizer)
+    act = opt.dtype(opt.weights, dtype)
+    use_cache = False if train.checkpointing != "none" else None
+    t = trace(model, Mode(act=act, attention=train.attention, use_cache=use_cache), context)
+    return Traced(t, tuple(kept(t, train.checkpointing)))
+
+
 class Activation:
     """The single-device training forward's trace (memory.trace), each storage seen from a rank: the sizes a tensor
     split divides inside the modules computing on the rank's share, the sequence over context-parallel ranks (and over
     tensor ranks where the layout is sequence-parallel), the layers of the rank's stage."""
 
-    def __init__(self, model: Model, layout: Layout, plan: Plan, dtype: str, train: Any, context: Mapping[sp.Symbol, int]):
-        from symparam.memory.activations import kept
-        from symparam.memory.trace import Mode, trace
-        from symparam.memory.training import optimizer
-
-        opt = optimizer(train.optimizer)
-        act = opt.dtype(opt.weights, dtype)
-        use_cache = False if train.checkpointing != "none" else None
-        self.trace = trace(model, Mode(act=act, attention=train.attention, use_cache=use_cache), context)
-        self.kept = kept(self.trace, train.checkpointing)
+    def __init__(self, model: Model, layout: Layout, plan: Plan, found: Traced):
+        self.trace, self.kept = found.trace, found.kept
         self.model, self.layout, self.plan = model, layout, plan
         self.where = places(model)
         self.assumed = list(self.trace.assumed)
@@ -783,6 +823,51 @@ class Activation:
                                owners=() if piped else tuple((m, c) for m, c in s.owners), module=module))
         return out
 
+    def local_trace(self, rank: Rank, shapes: Mapping[str, tuple[sp.Expr, ...]]) -> Any:
+        """The whole trace as the rank sees it (one stage: the last, which holds the loss, or every layer): each storage
+        and each tensor's shape with the sizes its module computes on, parameters in their local shapes, the layer
+        stack's storages counted for the stage's layers."""
+        from symparam.memory.ops import Op
+        from symparam.memory.trace import LayerCall, Trace
+
+        piped = self.layout.pp > 1
+        mapped: dict[int, Any] = {}
+
+        def storage(s: Any) -> Any:
+            if s.ident not in mapped:
+                subs = {} if s.param else self.subs(s.module, rank)
+                copies = sp.sympify(s.copies).xreplace(rank.stage.renamed) if piped else s.copies
+                numel = sp.Mul(*shapes[s.module]) if s.param and s.module in shapes else sp.sympify(s.numel).xreplace(subs)
+                mapped[s.ident] = replace(s, numel=numel, copies=copies, owners=() if piped else s.owners,
+                                          covers=tuple(storage(c) for c in s.covers))
+            return mapped[s.ident]
+
+        def value(v: Any) -> Any:
+            shape = shapes.get(v.storage.module, v.shape) if v.param else tuple(sp.sympify(n).xreplace(self.subs(v.storage.module, rank)) for n in v.shape)
+            return replace(v, shape=tuple(shape), storage=storage(v.storage))
+
+        here = lambda s: not piped or self.home(s) in ("stack", "every") or (self.home(s) == "last") == rank.stage.last and self.home(s) != "first" or self.home(s) == "first" and rank.stage.first  # noqa: E731
+        t = self.trace
+        saved = [(storage(s), m) for s, m in t.saved]
+        keep = [i for i, (s, _) in enumerate(t.saved) if here(s)]
+        index = {old: new for new, old in enumerate(keep)}
+        ops = [Op(o.name, o.module, tuple(value(v) for v in o.inputs), tuple(value(v) for v in o.outputs),
+                  range(len([i for i in keep if i < o.saves.start]), len([i for i in keep if i < o.saves.stop])))
+               for o in t.ops if not piped or here(replace(o.outputs[0].storage, module=o.module) if o.outputs else o.inputs[0].storage)]
+        layers = [LayerCall(c.path, sp.sympify(c.layers).xreplace(rank.stage.renamed) if piped else c.layers, storage(c.inputs),
+                            range(len([i for i in keep if i < c.saves.start]), len([i for i in keep if i < c.saves.stop])),
+                            tuple(storage(a) for a in c.arguments)) for c in t.layers]
+        del index
+        return Trace([], [saved[i] for i in keep], layers, list(t.assumed), dict(t.kernels), ops, [storage(s) for s in t.held if here(s)])
+
+    def kept_on(self, local: Any, checkpointing: str) -> list[Any]:
+        from symparam.memory.activations import kept
+
+        return kept(local, checkpointing)
+
+    def rank_model(self, rank: Rank, pieces: list[Piece]) -> Model:
+        return rank_model(self.model, rank_tree(self.model, self.plan, rank, places(self.model) if self.layout.pp > 1 else None), {**self.layout.values, **rank.stage.values})
+
     def bytes(self, rank: Rank) -> sp.Expr:
         return sp.expand(sp.Add(*(s.copies * s.bytes for s in self.storages(rank))))
 
@@ -803,14 +888,14 @@ LEAVES_OUT = ("the CUDA context, the caching allocator's fragmentation and commu
               "buckets, FSDP's all-gathered layers, expert all-to-all): `symparam fit` counts them as a labelled reserve")
 
 
-def conventions(layout: Layout) -> list[dict[str, str]]:
+def conventions(layout: Layout, training: bool = True) -> list[dict[str, str]]:
     """Each convention the layout uses, named, with its title and source."""
-    used = [("data", layout.sharding, layout.data)]
+    used = [("data", layout.sharding, layout.data)] if training else []
     if layout.tp > 1:
         used.append(("tensor", layout.tp_plan, layout.tensor))
     if layout.pp > 1:
-        used += [("pipeline", layout.pp_split, convention("pipeline", layout.pp_split, "--pp-split")),
-                 ("schedule", layout.schedule, convention("schedule", layout.schedule, "--schedule"))]
+        used.append(("pipeline", layout.pp_split, convention("pipeline", layout.pp_split, "--pp-split")))
+        used += [("schedule", layout.schedule, convention("schedule", layout.schedule, "--schedule"))] if training else []
     if layout.ep > 1:
         used.append(("expert", "expert", table()["expert"]))
     if layout.cp > 1:
@@ -837,10 +922,10 @@ def as_dict(result: PerRank) -> dict[str, Any]:
 
     layout = result.layout
     return {
-        "convention": layout.named(),
+        "convention": layout.named(result.training),
         "gpus": layout.gpus,
         "degrees": {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "cp": layout.cp, "microbatches": layout.steps},
-        "conventions": conventions(layout),
+        "conventions": conventions(layout, result.training),
         "most_loaded": rank(result.most_loaded),
         "ranks": [rank(h) for h in result.ranks],
         "assumes": [str(a) for a in result.assumed],
