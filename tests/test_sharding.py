@@ -209,3 +209,64 @@ def test_one_gpu_is_the_training_step(checkpointing: str) -> None:
     held = result.ranks[0]
     step = memory_report(model, "bf16", 2048, 1, None, Train("adamw", "sdpa", checkpointing))["training"]
     assert [(name, result.exact(held, e)) for name, e, _ in held.moments] == [(m["at"], m["bytes"]) for m in step["moments"]]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["memory", "--model", "qwen3-8b", "--tp", "0"], "--tp: expected a positive whole number, got 0"),
+    (["memory", "--model", "qwen3-8b", "--pp", "-2"], "--pp: expected a positive whole number, got -2"),
+    (["memory", "--model", "qwen3-8b", "--pp", "64"], "--pp 64: more stages than the model's 36 decoder layers"),
+    (["memory", "--model", "qwen3-235b-a22b", "--pp", "4", "--pp-split", "megatron"], "--pp 4: megatron needs the stages to divide 94 layer slots"),
+    (["memory", "--model", "qwen3-235b-a22b", "--tp", "8"], "--tp 8: the transformers plan splits model.layers.self_attn.k_proj.weight by h_kv = 4"),
+    (["memory", "--model", "qwen3-235b-a22b", "--dp", "256", "--ep", "256"], "--ep 256: the 128 routed experts do not divide over 256 ranks"),
+    (["memory", "--model", "qwen3-235b-a22b", "--ep", "8"], "--ep 8: the expert-parallel ranks must divide dp x cp x tp = 1"),
+    (["memory", "--model", "qwen3-8b", "--ep", "2", "--dp", "2"], "--ep 2: qwen3-8b has no routed experts"),
+    (["memory", "--model", "gpt2", "--tp", "2"], "--tp 2: gpt2 has no tensor-parallel plan in transformers"),
+    (["memory", "--model", "qwen3-8b", "--dp", "2", "--sharding", "zero9", "--train", "--seq", "8"], "--sharding: unknown 'zero9'"),
+    (["memory", "--model", "qwen3-8b", "--tp", "2", "--tp-plan", "vllm"], "--tp-plan: unknown 'vllm'"),
+    (["memory", "--model", "qwen3-8b", "--dp", "2", "--sharding", "zero3"], "--sharding: describes a training step; add --train"),
+    (["fit", "--model", "qwen3-8b", "--serve", "--gpu", "X100"], "--gpu: unknown 'X100'"),
+    (["fit", "--model", "qwen3-8b", "--serve"], "--gpu: name a GPU"),
+    (["fit", "--model", "qwen3-8b", "--serve", "--gpu-memory", "lots"], "--gpu-memory: expected a size such as 96GiB"),
+    (["fit", "--model", "qwen3-8b", "--serve", "--gpu", "H100-80GB", "--reserve", "bogus=1GB"], "--reserve bogus=1GB: expected NAME=SIZE"),
+    (["fit", "--model", "qwen3-8b", "--serve", "--gpu", "H100-80GB", "--reserve", "cuda_context=200GB"], "--reserve: the reserve"),
+    (["fit", "--model", "qwen3-8b", "--serve", "--gpu", "H100-80GB", "--seq", "0"], "--seq: expected a positive whole number, got 0"),
+    (["fit", "--model", "qwen3-8b", "--serve", "--gpu", "H100-80GB", "--optimizer", "sgd"], "--optimizer: describes a training step; use --train"),
+])
+def test_bad_layouts_name_the_option(capsys, argv: list[str], says: str) -> None:
+    from symparam.cli import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert says in err and err.count("\n") == 1, err
+
+
+def test_memory_per_gpu_text_and_json(capsys) -> None:
+    """The per-rank section names the layout, each kind of rank and the most loaded; JSON has the same figures."""
+    from symparam.cli import main
+
+    argv = ["memory", "--model", "qwen3-30b-a3b", "--train", "--seq", "512", "--dp", "2", "--tp", "2", "--pp", "2", "--ep", "4", "--sharding", "zero1"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "per GPU    8 GPUs = dp 2 x tp 2 x pp 2 x cp 1; data: zero1; tensor: transformers" in text and "most loaded" in text
+    assert main(argv + ["--json"]) == 0
+    per_rank = json.loads(capsys.readouterr().out)["per_rank"]
+    assert [r["rank"] for r in per_rank["ranks"]] == ["stage 0 of 2 (embedding, layers 0-23)", "stage 1 of 2 (layers 24-47, norm, head, loss)"]
+    most = per_rank["most_loaded"]
+    assert most["bytes"] == max(r["bytes"] for r in per_rank["ranks"]) and f"{most['bytes']:,}" in text
+    assert set(most["parts"]) >= {"weights", "gradients", "optimizer_states", "activations", "loss_peak"}
+
+
+def test_fit_answers_with_the_inequality(capsys) -> None:
+    """The longest context on one GPU: the inequality holds at the answer and fails one token past it."""
+    from symparam.cli import main
+
+    assert main(["fit", "--model", "qwen3-8b", "--gpu", "H100-80GB", "--serve", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    reserve = sum(t["bytes"] for t in r["reserve"])
+    assert r["holds"]["seq"] == r["answer"] and r["fails"]["seq"] == r["answer"] + 1
+    assert r["holds"]["bytes"] + reserve <= r["gpu"]["bytes"] < r["fails"]["bytes"] + reserve
+    assert r["gpu"]["bytes"] == 81559 * 2**20
+    weights = 16_381_470_720  # Qwen3-8B in bf16, the published checkpoint's size
+    kv_per_token = 2 * 36 * 8 * 128 * 2  # K and V, 36 layers, 8 heads of 128, 2 bytes
+    assert r["answer"] == (r["gpu"]["bytes"] - reserve - weights) // kv_per_token
