@@ -241,13 +241,16 @@ def text(r: dict[str, Any]) -> str:
 
     what = "training" if r["training"] else "serving"
     gpu = r["gpu"]
-    head = {
-        "longest context": f"longest context at {r['at']}: S = {r['answer']:,} tokens",
-        "largest batch": f"largest batch at {r['at']}: B = {r['answer']:,}",
-        0: f"nothing fits at {r['at']} on this layout, not even 1 ({'sequence' if r['question'] == 'largest batch' else 'token'}): "
-           "give both --seq and --batch for the fewest GPUs that hold it, or set a layout (--tp, --pp, --dp with --sharding)",
-        "fewest GPUs": f"fewest GPUs for {r['at']}: {r['answer']:,} ({r['holds']['layout']})",
-    }.get(0 if r["answer"] == 0 else r["question"], f"{r['at']}: {r['question']}")
+    unit = "sequence" if r["question"] == "largest batch" else "token"
+    if r["question"] in ("fits", "does not fit"):
+        head = f"{r['at']}: {r['question']}"
+    elif r["answer"] == 0:
+        head = (f"nothing fits at {r['at']}, not even 1 {unit}: give both --seq and --batch for the fewest GPUs that hold it, "
+                "or set a layout (--tp, --pp, --dp with --sharding)")
+    else:
+        head = {"longest context": f"longest context at {r['at']}: S = {r['answer']:,} tokens",
+                "largest batch": f"largest batch at {r['at']}: B = {r['answer']:,}",
+                "fewest GPUs": f"fewest GPUs for {r['at']}: {r['answer']:,} ({r['holds']['layout']})"}[r["question"]]
     lines = [f"{r['name']}, {what} on {gpu['name']} ({gpu['what']}: {gpu['bytes']:,} bytes)", head]
     if r["question"] == "longest context" and r["context_limit"] and r["answer"] > r["context_limit"]:
         lines.append(f"  (the model's own limit is max_position_embeddings = {r['context_limit']:,} tokens)")

@@ -942,7 +942,7 @@ def text_lines(r: dict[str, Any], row: Callable[[str, dict[str, Any]], str]) -> 
              "loss_peak": "loss peak", "kv_cache": "KV cache"}
     width = max(len(rank["rank"]) for rank in r["ranks"])
     lines = [f"per GPU    {r['convention']}"]
-    lines += [f"{pad}{c['kind']}: {c['title']} ({c['source']})" for c in r["conventions"]]
+    lines += [f"{pad}{c['kind']} ({c['name']}): {c['title']}" for c in r["conventions"]]
     lines.append(f"{pad}{'':<{width}}  " + "  ".join(f"{heads[c]:>17}" for c in columns) + f"  {'bytes':>17}")
     for rank in r["ranks"]:
         lines.append(f"{pad}{rank['rank']:<{width}}  " + "  ".join(f"{rank['parts'].get(c, {}).get('bytes', 0):>17,}" for c in columns)
