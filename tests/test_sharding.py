@@ -270,3 +270,17 @@ def test_fit_answers_with_the_inequality(capsys) -> None:
     weights = 16_381_470_720  # Qwen3-8B in bf16, the published checkpoint's size
     kv_per_token = 2 * 36 * 8 * 128 * 2  # K and V, 36 layers, 8 heads of 128, 2 bytes
     assert r["answer"] == (r["gpu"]["bytes"] - reserve - weights) // kv_per_token
+
+
+@pytest.mark.parametrize(("preset", "stages"), [("qwen3-30b-a3b", 3), ("mistral-7b", 4), ("qwen3_moe", 3)])
+def test_stages_share_the_forward(preset: str, stages: int) -> None:
+    """One micro-batch through the stages keeps what one GPU keeps: every layer's storages on exactly one stage (the
+    received hidden state is the layer input the embedding's output was), the embedding's on the first, the loss's on
+    the last; only the base model's own tensors (rotary tables, positions) are made on every stage."""
+    model = symparam.load(TINY.get(preset, preset))  # the tiny Qwen3-MoE has a dense layer (mlp_only_layers) on its first stage
+    train = Train("adamw", "sdpa", "none")
+    whole = sharding.per_rank(model, sharding.Layout(), "bf16", {B: 1, S: 512}, train)
+    piped = sharding.per_rank(model, sharding.Layout(pp=stages, schedule="naive"), "bf16", {B: 1, S: 512}, train)
+    per_stage = [piped.exact(h, h.part("activations")) for h in piped.ranks]
+    shared = sum(int((c * b).xreplace(whole.values)) for m, c, b in whole.ranks[0].modules if m == "model")
+    assert shared and sum(per_stage) == whole.exact(whole.ranks[0], whole.ranks[0].part("activations")) + (stages - 1) * shared

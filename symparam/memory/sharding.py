@@ -483,14 +483,6 @@ def rank_model(model: Model, tree: Term, values: Mapping[sp.Symbol, sp.Integer])
 # ---------------------------------------------------------------- data-parallel shares
 
 
-@dataclass(frozen=True)
-class Share:
-    """Bytes of one term on one rank: its formula (in the model's symbols and the layout's degrees) and its parts."""
-
-    formula: sp.Expr
-    what: str
-
-
 def group_degree(layout: Layout, expert: bool) -> sp.Expr:
     """The ranks that hold the same tensors and split them under the data-parallel convention: dp*cp, and for routed
     experts under expert parallelism the expert data-parallel group dp*cp*tp/ep."""
@@ -563,9 +555,8 @@ class Held:
 
     @property
     def total(self) -> sp.Expr:
-        """The rank's figure: its largest moment (training), or everything it holds (serving)."""
-        return self.moments[0][1] if len(self.moments) == 1 else sp.Add(*(e for _, e, _ in self.parts)) if not self.moments else \
-            sp.Max(*(e for _, e, _ in self.moments))
+        """Everything it holds at once: serving, its parts; training, the largest of its moments."""
+        return sp.Max(*(e for _, e, _ in self.moments)) if self.moments else sp.Add(*(e for _, e, _ in self.parts))
 
 
 @dataclass(frozen=True)
@@ -640,24 +631,24 @@ def check_experts(model: Model, layout: Layout) -> None:
 
 def rank_holds(model: Model, layout: Layout, plan: Plan, where: Places | None, rank: Rank, dtype: str, train: Any,
                quant: str | None, view: Activation | None, values: Mapping[sp.Symbol, sp.Integer]) -> Held:
+    """What one rank holds: serving, its weights and KV cache; training, the step's terms and moments."""
     from symparam.context import holders
     from symparam.memory.ops import BYTES
 
     tree = rank_tree(model, plan, rank, where)
     pieces = tensors(tree)
     parameters = sp.Add(*(p.count * p.numel for p in pieces))
-    label = rank.label(layout)
     local = rank_model(model, tree, {**layout.values, **rank.stage.values})
-    if train is None:
-        weights = serving_weights(local, pieces, dtype, quant)
-        kv = sp.Add(*(sp.sympify(h.fact["per_token"]) * h.positions() for h in holders(local, "cache"))) * B * BYTES[dtype]
-        kv = sp.expand(kv.xreplace({S: S / layout.symbol("cp")}))
-        state = sp.Add(*(sp.sympify(h.fact["size"]) * h.copies for h in holders(local, "state"))) * B * BYTES[dtype]
-        parts = (("weights", weights[0], weights[1]), ("kv_cache", kv, "the KV cache of B sequences of S tokens (S/cp on each context-parallel rank), the rank's heads and layers"))
-        if state != 0:
-            parts += (("state", sp.expand(state), "fixed-size states (linear attention, SSM) of B sequences"),)
-        return Held(rank, label, parameters, parts)
-    return training_holds(model, layout, plan, rank, label, pieces, parameters, dtype, train, view, values)
+    if train is not None:
+        return training_holds(local, layout, plan, rank, pieces, parameters, dtype, train, view, values)
+    weights = serving_weights(local, pieces, dtype, quant)
+    kv = sp.Add(*(sp.sympify(h.fact["per_token"]) * h.positions() for h in holders(local, "cache"))) * B * BYTES[dtype]
+    state = sp.Add(*(sp.sympify(h.fact["size"]) * h.copies for h in holders(local, "state"))) * B * BYTES[dtype]
+    parts = (("weights", *weights),
+             ("kv_cache", sp.expand(kv.xreplace({S: S / layout.symbol("cp")})), "the KV cache of B sequences of S tokens (S/cp on each "
+              "context-parallel rank), the rank's heads and layers"))
+    parts += (("state", sp.expand(state), "fixed-size states (linear attention, SSM) of B sequences"),) if state != 0 else ()
+    return Held(rank, rank.label(layout), parameters, parts)
 
 
 def serving_weights(local: Model, pieces: list[Piece], dtype: str, quant: str | None) -> tuple[sp.Expr, str]:
@@ -670,81 +661,74 @@ def serving_weights(local: Model, pieces: list[Piece], dtype: str, quant: str | 
     return sp.expand(sp.Add(*(p.count * p.numel for p in pieces)) * DTYPES[dtype].bytes), f"the rank's parameters in {dtype}"
 
 
-def training_holds(model: Model, layout: Layout, plan: Plan, rank: Rank, label: str, pieces: list[Piece], parameters: sp.Expr,
-                   dtype: str, train: Any, view: Activation, values: Mapping[sp.Symbol, sp.Integer]) -> Held:
-    """A training rank: weights, gradients and optimizer states split as the data-parallel convention splits them
-    (dense tensors over dp*cp ranks, routed experts under expert parallelism over dp*cp*tp/ep), what the convention adds,
-    the activations of the micro-batches in flight on its stage, and the loss's moment on the stage that computes it."""
+def data_terms(layout: Layout, rank: Rank, pieces: list[Piece], opt: Any, act: str, at: Mapping[sp.Symbol, sp.Integer],
+               assumed: list) -> dict[str, sp.Expr]:
+    """Weights, gradients, optimizer states and what the optimizer step makes, split as the data-parallel convention
+    splits them: dense tensors over dp*cp ranks, routed experts under expert parallelism over dp*cp*tp/ep."""
     from symparam.memory.ops import BYTES
-    from symparam.memory.training import entry_bytes, optimizer, shared_bytes
+    from symparam.memory.training import entry_bytes, shared_bytes
+
+    spec = layout.data
+    align = int(spec.get("align", 1))
+    names = {str(k): v for k, v in at.items()}
+    terms = dict.fromkeys(("weights", "gradients", "optimizer_states", "optimizer_step"), ZERO)
+    for expert in (False, True):
+        trained = [p for p in pieces if p.expert == expert and p.trainable]
+        frozen = [p for p in pieces if p.expert == expert and not p.trainable]
+        degree = group_degree(layout, expert)
+        split = lambda how, group=trained: split_numel(group, how, degree, align, rank.dp_rank, at, assumed)  # noqa: E731
+        terms["weights"] += (split(spec["weights"]) + split("whole", frozen)) * BYTES[opt.dtype(opt.weights, act)]
+        terms["gradients"] += split(spec["gradients"]) * BYTES[opt.dtype(opt.gradients, act)]
+        seen = split_pieces(trained, spec["states"], degree, align, rank.dp_rank, at, assumed)
+        terms["optimizer_states"] += sp.Add(*(p.count * entry_bytes(opt.states, p, act, names) for p in seen)) + shared_bytes(opt.states, seen, names)
+        terms["optimizer_step"] += sp.Add(*(p.count * entry_bytes(opt.temporaries, p, act, names) for p in seen))
+        terms["optimizer_step"] += sp.Add(*(split(e["split"]) * BYTES[e["dtype"]] for e in spec.get("step", [])))
+    return terms
+
+
+def training_holds(local: Model, layout: Layout, plan: Plan, rank: Rank, pieces: list[Piece], parameters: sp.Expr,
+                   dtype: str, train: Any, view: Activation, values: Mapping[sp.Symbol, sp.Integer]) -> Held:
+    """A training rank: the data-parallel convention's terms and what it adds (DDP's buckets, where there are data
+    ranks), the activations of the micro-batches in flight on its stage, and the moments they are live together: on
+    the rank that computes the loss with one micro-batch in flight, training.py's moments over its view of the trace."""
+    from symparam.memory.activations import Activations, kept
+    from symparam.memory.activations import parts as module_parts
+    from symparam.memory.trace import Mode
+    from symparam.memory.training import _moments, optimizer
 
     opt = optimizer(train.optimizer)
     act = opt.dtype(opt.weights, dtype)
-    weight_bytes, grad_bytes = BYTES[opt.dtype(opt.weights, act)], BYTES[opt.dtype(opt.gradients, act)]
     spec = layout.data
-    align = int(spec.get("align", 1))
     at = {**values, **rank.stage.values}
-    assumed = plan.assumed
-    terms = {"weights": ZERO, "gradients": ZERO, "optimizer_states": ZERO, "optimizer_step": ZERO}
-    for expert in (False, True):
-        group = [p for p in pieces if p.expert == expert]
-        if not group:
-            continue
-        degree = group_degree(layout, expert)
-        trained = [p for p in group if p.trainable]
-        frozen = [p for p in group if not p.trainable]
-        terms["weights"] += (split_numel(trained, spec["weights"], degree, align, rank.dp_rank, at, assumed)
-                             + split_numel(frozen, "whole", degree, align, 0, at, assumed)) * weight_bytes
-        terms["gradients"] += split_numel(trained, spec["gradients"], degree, align, rank.dp_rank, at, assumed) * grad_bytes
-        seen = split_pieces(trained, spec["states"], degree, align, rank.dp_rank, at, assumed)
-        names = {str(k): v for k, v in at.items()}
-        terms["optimizer_states"] += sp.Add(*(p.count * entry_bytes(opt.states, p, act, names) for p in seen)) + shared_bytes(opt.states, seen, names)
-        terms["optimizer_step"] += sp.Add(*(p.count * entry_bytes(opt.temporaries, p, act, names) for p in seen))
-        for extra in spec.get("step", []):
-            terms["optimizer_step"] += split_numel(trained, extra["split"], degree, align, rank.dp_rank, at, assumed) * BYTES[extra["dtype"]]
+    terms = data_terms(layout, rank, pieces, opt, act, at, plan.assumed)
     replicas = layout.dp * layout.cp > 1  # one data-parallel rank runs no data-parallel wrapper
-    extras = [(e["name"], terms[e["of"]] if e["split"] == "whole" else ZERO, e["what"]) for e in spec.get("extra", []) if replicas]
+    extras = [(e["name"], sp.expand(terms[e["of"]]), e["what"]) for e in spec.get("extra", []) if replicas and e["split"] == "whole"]
+    extra = sp.Add(*(e for _, e, _ in extras))
     flight = in_flight(layout, rank.stage)
     activations = view.bytes(rank)
-    loss = view.loss_peak(rank) if rank.stage.last else ZERO
-    base = terms["weights"] + terms["optimizer_states"] + sp.Add(*(e for _, e, _ in extras))
-    accumulating = layout.steps > 1
+    accumulated = terms["gradients"] if layout.steps > 1 else ZERO
+    later = ", the gradients accumulated over earlier micro-batches" if layout.steps > 1 else ""
     parts = (
         ("weights", sp.expand(terms["weights"]), f"{opt.dtype(opt.weights, act)} weights, {spec['weights']} over the data-parallel ranks"),
         ("gradients", sp.expand(terms["gradients"]), f"{opt.dtype(opt.gradients, act)} gradients, {spec['gradients']} over the data-parallel ranks"),
         ("optimizer_states", sp.expand(terms["optimizer_states"]), f"{opt.name}'s states, {spec['states']} over the data-parallel ranks"),
-        *((name, sp.expand(e), what) for name, e, what in extras),
-        ("activations", sp.expand(flight * activations), f"what autograd keeps for {flight.xreplace(at) if flight.free_symbols else flight} micro-batch(es) in flight ({layout.schedule}), the rank's share"),
-        ("loss_peak", sp.expand(loss), "the loss head's fp32 gradients for a moment (the rank that computes the loss)"),
+        *extras,
+        ("activations", sp.expand(flight * activations), f"what autograd keeps for {flight.xreplace(at)} micro-batch(es) in flight ({layout.schedule}), the rank's share"),
+        ("loss_peak", view.loss_peak(rank) if rank.stage.last else ZERO, "the loss head's fp32 gradients for a moment (the rank that computes the loss)"),
         ("optimizer_step", sp.expand(terms["optimizer_step"]), "what the optimizer step makes for a moment"),
     )
-    accumulated = terms["gradients"] if accumulating else ZERO
-    extra = sp.Add(*(e for _, e, _ in extras))
-    if rank.stage.last and flight == 1:  # the rank that computes the loss, one micro-batch in flight: training.py's moments
-        from symparam.memory.activations import Activations, parts as module_parts
-        from symparam.memory.trace import Mode
-
-        local = view.local_trace(rank, {p.path: p.shape for p in pieces})
-        kept_here = view.kept_on(local, train.checkpointing)
-        step = training_moments(view.rank_model(rank, pieces), local, opt, act, terms["weights"], terms["gradients"], terms["optimizer_states"],
-                                terms["optimizer_step"], Activations(module_parts(kept_here), Mode(act=act), train.checkpointing, ()))
-        adds = {"loss backward": extra + accumulated, "end of backward": extra, "optimizer step": extra}
-        moments = tuple((name, sp.expand(e + adds[name]), what + (", what the data-parallel convention keeps" if extra != 0 else "")
-                         + (", the gradients accumulated over earlier micro-batches" if name == "loss backward" and accumulating else ""))
-                        for name, e, what in step.moments)
+    if rank.stage.last and flight == 1:
+        local_trace = view.local_trace(rank, {p.path: p.shape for p in pieces})
+        kept_here = Activations(module_parts(kept(local_trace, view.checkpointing)), Mode(act=act), view.checkpointing, ())
+        step = _moments(local, local_trace, opt, act, terms["weights"], terms["gradients"], terms["optimizer_states"], terms["optimizer_step"], kept_here)
+        adds = {"loss backward": (extra + accumulated, later), "end of backward": (extra, ""), "optimizer step": (extra, "")}
+        kept_too = ", what the data-parallel convention keeps" if extra != 0 else ""
+        moments = tuple((name, sp.expand(e + adds[name][0]), what + kept_too + adds[name][1]) for name, e, what in step.moments)
     else:
-        moments = (
-            ("backward", sp.expand(base + flight * activations + accumulated),
-             "weights, optimizer states, the activations of the micro-batches in flight" + (", the gradients accumulated over earlier micro-batches" if accumulating else "")),
-            ("optimizer step", sp.expand(base + terms["gradients"] + terms["optimizer_step"]), "weights, optimizer states, every gradient and what the step makes"),
-        )
-    return Held(rank, label, parameters, parts, moments, view.modules(rank))
-
-
-def training_moments(*args: Any) -> Any:
-    from symparam.memory.training import _moments
-
-    return _moments(*args)
+        base = terms["weights"] + terms["optimizer_states"] + extra
+        moments = (("backward", sp.expand(base + flight * activations + accumulated), "weights, optimizer states, the activations of the micro-batches in flight" + later),
+                   ("optimizer step", sp.expand(base + terms["gradients"] + terms["optimizer_step"]), "weights, optimizer states, every gradient and what the step makes"))
+    return Held(rank, rank.label(layout), parameters, parts, moments, view.modules(rank))
 
 
 def in_flight(layout: Layout, stage: Stage) -> sp.Expr:
@@ -761,23 +745,21 @@ def in_flight(layout: Layout, stage: Stage) -> sp.Expr:
 
 @dataclass(frozen=True)
 class Traced:
-    """The single-device training forward of a model at one (B, S): its trace and the storages autograd keeps."""
+    """The single-device training forward of a model at one (B, S) and how its layers checkpoint."""
 
     trace: Any
-    kept: tuple[Any, ...]
+    checkpointing: str
 
 
 def traced(model: Model, dtype: str, train: Any, context: Mapping[sp.Symbol, int]) -> Traced:
     """The training forward as training.py traces it (a checkpointed layer runs without a cache)."""
-    from symparam.memory.activations import kept
     from symparam.memory.trace import Mode, trace
     from symparam.memory.training import optimizer
 
     opt = optimizer(train.optimizer)
     act = opt.dtype(opt.weights, dtype)
     use_cache = False if train.checkpointing != "none" else None
-    t = trace(model, Mode(act=act, attention=train.attention, use_cache=use_cache), context)
-    return Traced(t, tuple(kept(t, train.checkpointing)))
+    return Traced(trace(model, Mode(act=act, attention=train.attention, use_cache=use_cache), context), train.checkpointing)
 
 
 class Activation:
@@ -786,7 +768,7 @@ class Activation:
     tensor ranks where the layout is sequence-parallel), the layers of the rank's stage."""
 
     def __init__(self, model: Model, layout: Layout, plan: Plan, found: Traced):
-        self.trace, self.kept = found.trace, found.kept
+        self.trace, self.checkpointing = found.trace, found.checkpointing
         self.model, self.layout, self.plan = model, layout, plan
         self.where = places(model)
         self.assumed = list(self.trace.assumed)
@@ -802,71 +784,47 @@ class Activation:
         out[S] = sequence
         return out
 
-    def home(self, storage: Any) -> str:
-        if storage.module == "(inputs)":
-            return "first" if storage.op == "token ids" else "last"
-        if storage.op == "layer input":
-            return "stack"
-        return self.where.stage_of(storage.module)
+    def on(self, rank: Rank, module: str, op: str = "") -> bool:
+        """Whether the rank's stage runs the code of `module` (the batch: token ids on the first, labels on the last)."""
+        if self.layout.pp == 1:
+            return True
+        home = ("first" if op == "token ids" else "last") if module == "(inputs)" else self.where.stage_of(module)
+        return home in ("stack", "every") or home == "first" and rank.stage.first or home == "last" and rank.stage.last
 
-    def storages(self, rank: Rank) -> list[Any]:
-        """The kept storages on a rank's stage, with the sizes and copies it holds."""
-        out = []
-        piped = self.layout.pp > 1
-        for s in self.kept:
-            home = self.home(s)
-            if piped and (home == "first" and not rank.stage.first or home == "last" and not rank.stage.last):
-                continue
-            module = self.where.stack if s.op == "layer input" and piped else s.module
-            copies = sp.sympify(s.copies).xreplace(rank.stage.renamed) if piped else s.copies
-            out.append(replace(s, numel=sp.sympify(s.numel).xreplace(self.subs(module, rank)), copies=copies,
-                               owners=() if piped else tuple((m, c) for m, c in s.owners), module=module))
-        return out
-
-    def local_trace(self, rank: Rank, shapes: Mapping[str, tuple[sp.Expr, ...]]) -> Any:
-        """The whole trace as the rank sees it (one stage: the last, which holds the loss, or every layer): each storage
-        and each tensor's shape with the sizes its module computes on, parameters in their local shapes, the layer
-        stack's storages counted for the stage's layers."""
+    def local_trace(self, rank: Rank, shapes: Mapping[str, tuple[sp.Expr, ...]] | None = None) -> Any:
+        """The trace as the rank sees it: its stage's operations and storages, each with the sizes its module computes
+        on (parameters in their local `shapes`), the decoder layers counted for the stage."""
         from symparam.memory.ops import Op
         from symparam.memory.trace import LayerCall, Trace
 
-        piped = self.layout.pp > 1
+        piped, shapes = self.layout.pp > 1, shapes or {}
         mapped: dict[int, Any] = {}
 
         def storage(s: Any) -> Any:
             if s.ident not in mapped:
-                subs = {} if s.param else self.subs(s.module, rank)
-                copies = sp.sympify(s.copies).xreplace(rank.stage.renamed) if piped else s.copies
-                numel = sp.Mul(*shapes[s.module]) if s.param and s.module in shapes else sp.sympify(s.numel).xreplace(subs)
-                mapped[s.ident] = replace(s, numel=numel, copies=copies, owners=() if piped else s.owners,
-                                          covers=tuple(storage(c) for c in s.covers))
+                numel = sp.Mul(*shapes[s.module]) if s.param and s.module in shapes else s.numel if s.param else sp.sympify(s.numel).xreplace(self.subs(s.module, rank))
+                mapped[s.ident] = replace(s, numel=numel, copies=sp.sympify(s.copies).xreplace(rank.stage.renamed),
+                                          owners=() if piped else s.owners, covers=tuple(storage(c) for c in s.covers))
             return mapped[s.ident]
 
         def value(v: Any) -> Any:
             shape = shapes.get(v.storage.module, v.shape) if v.param else tuple(sp.sympify(n).xreplace(self.subs(v.storage.module, rank)) for n in v.shape)
             return replace(v, shape=tuple(shape), storage=storage(v.storage))
 
-        here = lambda s: not piped or self.home(s) in ("stack", "every") or (self.home(s) == "last") == rank.stage.last and self.home(s) != "first" or self.home(s) == "first" and rank.stage.first  # noqa: E731
         t = self.trace
-        saved = [(storage(s), m) for s, m in t.saved]
-        keep = [i for i, (s, _) in enumerate(t.saved) if here(s)]
-        index = {old: new for new, old in enumerate(keep)}
-        ops = [Op(o.name, o.module, tuple(value(v) for v in o.inputs), tuple(value(v) for v in o.outputs),
-                  range(len([i for i in keep if i < o.saves.start]), len([i for i in keep if i < o.saves.stop])))
-               for o in t.ops if not piped or here(replace(o.outputs[0].storage, module=o.module) if o.outputs else o.inputs[0].storage)]
-        layers = [LayerCall(c.path, sp.sympify(c.layers).xreplace(rank.stage.renamed) if piped else c.layers, storage(c.inputs),
-                            range(len([i for i in keep if i < c.saves.start]), len([i for i in keep if i < c.saves.stop])),
-                            tuple(storage(a) for a in c.arguments)) for c in t.layers]
-        del index
-        return Trace([], [saved[i] for i in keep], layers, list(t.assumed), dict(t.kernels), ops, [storage(s) for s in t.held if here(s)])
+        keep = [i for i, (s, _) in enumerate(t.saved) if self.on(rank, s.module, s.op)]
+        within = lambda r: range(sum(i < r.start for i in keep), sum(i < r.stop for i in keep))  # noqa: E731  a range of saves, renumbered
+        ops = [Op(o.name, o.module, tuple(map(value, o.inputs)), tuple(map(value, o.outputs)), within(o.saves)) for o in t.ops if self.on(rank, o.module)]
+        layers = [LayerCall(c.path, sp.sympify(c.layers).xreplace(rank.stage.renamed), storage(c.inputs), within(c.saves), tuple(map(storage, c.arguments)))
+                  for c in t.layers]
+        held = [storage(s) for s in t.held if self.on(rank, s.module, s.op)]
+        return Trace([], [(storage(t.saved[i][0]), t.saved[i][1]) for i in keep], layers, list(t.assumed), dict(t.kernels), ops, held)
 
-    def kept_on(self, local: Any, checkpointing: str) -> list[Any]:
+    def storages(self, rank: Rank) -> list[Any]:
+        """The storages autograd keeps on the rank, with the sizes and copies it holds."""
         from symparam.memory.activations import kept
 
-        return kept(local, checkpointing)
-
-    def rank_model(self, rank: Rank, pieces: list[Piece]) -> Model:
-        return rank_model(self.model, rank_tree(self.model, self.plan, rank, places(self.model) if self.layout.pp > 1 else None), {**self.layout.values, **rank.stage.values})
+        return kept(self.local_trace(rank), self.checkpointing)
 
     def bytes(self, rank: Rank) -> sp.Expr:
         return sp.expand(sp.Add(*(s.copies * s.bytes for s in self.storages(rank))))
@@ -897,9 +855,9 @@ def conventions(layout: Layout, training: bool = True) -> list[dict[str, str]]:
         used.append(("pipeline", layout.pp_split, convention("pipeline", layout.pp_split, "--pp-split")))
         used += [("schedule", layout.schedule, convention("schedule", layout.schedule, "--schedule"))] if training else []
     if layout.ep > 1:
-        used.append(("expert", "expert", table()["expert"]))
+        used.append(("expert", "ep", table()["expert"]))
     if layout.cp > 1:
-        used.append(("context", "context", table()["context"]))
+        used.append(("context", "cp", table()["context"]))
     return [{"kind": kind, "name": name, "title": spec["title"], "source": spec["source"]} for kind, name, spec in used]
 
 
