@@ -231,6 +231,31 @@ def add_memory(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--attention", default=None, choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
     train.add_argument("--checkpointing", default=None, choices=("none", "full"), help="activation checkpointing of the decoder layers (default none)")
     add_lora(parser)
+    add_layout(parser)
+
+
+def add_layout(parser: argparse.ArgumentParser) -> None:
+    """The parallel layout: degrees and the convention each follows (memory/conventions/layouts.toml)."""
+    group = parser.add_argument_group("parallel layout (what each GPU holds)")
+    for name, what in (("dp", "data-parallel ranks"), ("tp", "tensor-parallel ranks"), ("pp", "pipeline stages"),
+                       ("ep", "expert-parallel ranks (routed experts divided, carved from dp x tp)"), ("cp", "context-parallel ranks")):
+        group.add_argument(f"--{name}", type=int, default=None, metavar="N", help=f"{what} (default 1)")
+    group.add_argument("--sharding", default=None, metavar="NAME", help="data-parallel convention: ddp (default), zero1, zero2, zero3, fsdp2")
+    group.add_argument("--tp-plan", default=None, metavar="NAME", help="tensor-parallel convention: transformers (the model's own plan, default) or megatron")
+    group.add_argument("--pp-split", default=None, metavar="NAME", help="pipeline split: torchtitan (default), megatron, megatron-balanced, transformers")
+    group.add_argument("--schedule", default=None, metavar="NAME", help="pipeline schedule: 1f1b (default), gpipe, naive")
+    group.add_argument("--microbatches", type=int, default=None, metavar="M", help="micro-batches per optimizer step (default: pp)")
+
+
+def layout_from(args: argparse.Namespace) -> object | None:
+    """The Layout the options give, or None where none is given."""
+    from symparam.memory.sharding import Layout
+
+    names = ("dp", "tp", "pp", "ep", "cp", "sharding", "tp_plan", "pp_split", "schedule", "microbatches")
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if not given:
+        return None
+    return Layout(**given)
 
 
 def add_quant(parser: argparse.ArgumentParser) -> None:
@@ -261,8 +286,65 @@ def cmd_memory(args: argparse.Namespace) -> str:
     train = memory.Train(args.optimizer or "adamw", args.attention or "sdpa", args.checkpointing or "none") if args.train else None
     if args.lora is not None and not args.train:
         raise SymparamError("--lora: describes a training step; add --train")
-    report = memory.report(lora_from(args, model_from(args)), args.dtype, args.seq, args.batch, args.quant, train)
+    layout = layout_from(args)
+    check_serving(layout, args.train)
+    report = memory.report(lora_from(args, model_from(args)), args.dtype, args.seq, args.batch, args.quant, train, layout)
     return json.dumps(report, indent=2) if args.json else memory.text(report)
+
+
+def add_fit(parser: argparse.ArgumentParser) -> None:
+    from symparam.memory import DTYPES
+
+    add_source(parser)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--serve", action="store_true", help="serving: weights and the KV cache")
+    what.add_argument("--train", action="store_true", help="a training step: weights, gradients, optimizer states, activations")
+    parser.add_argument("--gpu", metavar="NAME", help="a GPU of conventions/gpus.toml (H100-80GB, H200, B200, A100-80GB, ...)")
+    parser.add_argument("--gpu-memory", metavar="SIZE", help="the GPU's memory, e.g. 96GiB (overrides --gpu's)")
+    parser.add_argument("--reserve", nargs="+", default=[], metavar="NAME=SIZE", help="set a reserve term: cuda_context, fragmentation, "
+                        "communication, workspace (1GiB, 500MB, 5%%)")
+    parser.add_argument("--seq", type=int, default=None, metavar="S", help="tokens per sequence (without it: the longest that fits)")
+    parser.add_argument("--batch", type=int, default=None, metavar="B", help="sequences at once (without it and with --seq: the largest that fits)")
+    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="weights, KV cache and activations (default bf16)")
+    add_quant(parser)
+    parser.add_argument("--optimizer", default=None, metavar="NAME", help="optimizer convention (default adamw)")
+    parser.add_argument("--attention", default=None, choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
+    parser.add_argument("--checkpointing", default=None, choices=("none", "full"), help="activation checkpointing (default none)")
+    add_layout(parser)
+
+
+def cmd_fit(args: argparse.Namespace) -> str:
+    from symparam import memory
+    from symparam.memory import fit
+
+    for name, value in (("--seq", args.seq), ("--batch", args.batch)):
+        if value is not None and value < 1:
+            raise SymparamError(f"{name}: expected a positive whole number, got {value}")
+    options = {"--optimizer": args.optimizer, "--attention": args.attention, "--checkpointing": args.checkpointing}
+    given = [name for name, value in options.items() if value is not None]
+    if given and not args.train:
+        raise SymparamError(f"{given[0]}: describes a training step; use --train")
+    device = fit.gpu(args.gpu, args.gpu_memory)
+    reserved = fit.reserve(device, args.reserve)
+    layout = layout_from(args)
+    check_serving(layout, args.train)
+    train = memory.Train(args.optimizer or "adamw", args.attention or "sdpa", args.checkpointing or "none") if args.train else None
+    if train is not None and args.dtype not in memory.TRAIN_DTYPES:
+        raise SymparamError(f"--dtype: a training step runs in {', '.join(memory.TRAIN_DTYPES)}, not {args.dtype}")
+    result = fit.fit(model_from(args), device, reserved, layout, args.dtype, args.seq, args.batch, train, args.quant)
+    return json.dumps(result, indent=2) if args.json else fit.text(result)
+
+
+def check_serving(layout: object | None, train: bool) -> None:
+    """Options of a layout that describe a training step, given for serving."""
+    from symparam.memory.sharding import Layout
+
+    if layout is None or train:
+        return
+    default = Layout()
+    for name in ("sharding", "schedule", "microbatches"):
+        if getattr(layout, name) != getattr(default, name):
+            raise SymparamError(f"--{name.replace('_', '-')}: describes a training step; add --train")
 
 
 def cmd_flops(args: argparse.Namespace) -> str:
@@ -476,7 +558,8 @@ def cmd_docs(args: argparse.Namespace) -> str:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]] = {
     "count": ("exact total, active and per-component parameter counts", lambda p: (add_source(p), add_quant(p), add_lora(p)), cmd_count),
     "list": ("families and presets", lambda p: None, cmd_list),
-    "memory": ("weights, KV cache and training memory in bytes, GB and GiB", add_memory, cmd_memory),
+    "memory": ("weights, KV cache and training memory in bytes, GB and GiB; per GPU under a parallel layout", add_memory, cmd_memory),
+    "fit": ("what fits on a GPU: the longest context, the largest batch, or the fewest GPUs", add_fit, cmd_fit),
     "flops": ("forward and training FLOPs per token", lambda p: (add_source(p), add_context(p)), cmd_flops),
     "shapes": ("every tensor of one forward pass, in order, with its shape (--train: what backward keeps)", add_shapes, cmd_shapes),
     "plot": ("charts of the parameter distribution (a family's sizes, or one model)", add_plot, cmd_plot),

@@ -88,10 +88,11 @@ def sizes(n_bytes: int) -> dict[str, Any]:
 
 
 def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch: int = 1, quant: str | None = None,
-           train: Train | None = None) -> dict[str, Any]:
+           train: Train | None = None, parallel: Any = None) -> dict[str, Any]:
     """Every memory figure of a configured model, with its formula; `seq` defaults to the model's maximum context. The
     weights are the checkpoint's stored layout where the config carries a quantization_config or `quant` names a
-    format (storage.py), else the parameters times the dtype's bytes."""
+    format (storage.py), else the parameters times the dtype's bytes. With a `parallel` layout (sharding.Layout), what
+    each kind of GPU holds."""
     from symparam.memory import storage
 
     t = dtype(dtype_name)
@@ -142,6 +143,7 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
         "state": state,
         "stored": stored,
         **(step_report(model, t.name, subs, train, layout) if train is not None else {}),
+        **({"per_rank": rank_report(model, parallel, t.name, subs, train, quant)} if parallel is not None else {}),
         "units": "GB = 10^9 bytes, GiB = 2^30 bytes",
     }
 
@@ -214,6 +216,15 @@ def row(label: str, part: dict[str, Any]) -> str:
     return f"{label:<{LABEL}} {part['bytes']:>20,} bytes  {decimal(Fraction(part['bytes'], GB), 3):>10} GB  {decimal(Fraction(part['bytes'], GiB), 3):>10} GiB"
 
 
+def rank_report(model: Model, layout: Any, dtype_name: str, subs: dict, train: Train | None, quant: str | None) -> dict[str, Any]:
+    """What each kind of GPU holds under a parallel layout (sharding.py)."""
+    from symparam.memory import sharding
+
+    if train is not None and dtype_name not in TRAIN_DTYPES:
+        raise SymparamError(f"--dtype: a training step runs in {', '.join(TRAIN_DTYPES)}, not {dtype_name}")
+    return sharding.as_dict(sharding.per_rank(model, layout, dtype_name, {B: subs[B], S: subs[S]}, train, quant))
+
+
 def text(r: dict[str, Any]) -> str:
     """The report as a few labelled lines (bytes, GB = 10^9, GiB = 2^30), formulas included."""
     pad = " " * (LABEL + 1)
@@ -229,6 +240,7 @@ def text(r: dict[str, Any]) -> str:
         f"{pad}grows with S = {r['seq']:,} tokens, B = {r['batch']} sequence(s){window}",
         *([row("state", r["state"]) + f"    = {r['state']['formula']}"] + [f"{pad}{p['layers']:,} layers ({p['module']}): {p['per_sequence_per_layer_values']:,} values per sequence per layer, whatever S ({p['what']})" for p in r["state"]["parts"]] if r["state"]["parts"] else []),
         *(step_lines(r) if "training" in r else [f"{pad}(a training step, activations included: --train --seq S --batch B)"]),
+        *(rank_lines(r, row) if "per_rank" in r else []),
         "units: GB = 10^9 bytes, GiB = 2^30 bytes",
     ]
     return "\n".join(lines)
@@ -252,6 +264,12 @@ def step_lines(r: dict[str, Any]) -> list[str]:
     lines.append(row("  peak", {"bytes": t["peak_bytes"]}) + f"    at: {t['peak_at']} = {t['peak_formula']}")
     lines += [f"{pad}{m['at']}: {m['bytes']:,} ({m['live']})" for m in t["moments"]]
     return lines
+
+
+def rank_lines(r: dict[str, Any], row: Any) -> list[str]:
+    from symparam.memory.sharding import text_lines
+
+    return text_lines(r["per_rank"], row)
 
 
 def stored_lines(stored: dict[str, Any]) -> list[str]:

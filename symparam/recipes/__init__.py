@@ -33,8 +33,8 @@ MAX_TERMS = 10_000  # modules and tensors a recipe's tree may expand to (the lar
 MAX_BLOCK_DEPTH = 32  # blocks inside blocks (the deepest built-in recipe nests 8)
 ROOT = "causal_lm"  # the block a model is built from
 TOP_LEVEL = {"family", "title", "model_types", "architectures", "summary", "extends", "defaults", "symbols",
-             "switches", "blocks", "lists", "checks", "names", "zh", "checkpoint", "functions"}
-OWN = ("family", "title", "model_types", "architectures", "summary", "checkpoint")  # never inherited through `extends`
+             "switches", "blocks", "lists", "checks", "names", "zh", "checkpoint", "functions", "tp_plan"}
+OWN = ("family", "title", "model_types", "architectures", "summary", "checkpoint", "tp_plan")  # never inherited through `extends`
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
                 "buffer", "lookup", "layers", "matmul", "dtype", "module"}
 BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module", "forward", "kernel",
@@ -104,6 +104,7 @@ class Recipe:
     functions: dict[str, str] = field(default_factory=dict)  # [functions]: name -> a program its blocks' forwards call
     source: str = ""  # where the recipe was read from
     checkpoint: dict[str, dict[str, str]] = field(default_factory=dict)  # [checkpoint]: what published checkpoints store beyond the model
+    tp_plan: dict[str, str] = field(default_factory=dict)  # [tp_plan]: module or parameter pattern -> transformers' tensor-parallel style
 
     def config_keys(self, symbol: str) -> tuple[str, ...]:
         """The config keys a symbol is read from in this family."""
@@ -619,6 +620,7 @@ def parse_recipe(data: dict[str, Any], source: str, base: dict[str, Any] | None 
         functions=_functions(full, source),
         source=source,
         checkpoint=_checkpoint(full, source),
+        tp_plan=_tp_plan(full, source),
     )
     _validate(recipe)
     return recipe
@@ -646,6 +648,14 @@ def _functions(data: dict[str, Any], source: str) -> dict[str, str]:
     for name, text in table.items():
         if not isinstance(text, str):
             raise SymparamError(f"{source}: [functions] {name}: expected a program (def {name}(...): ...)")
+    return dict(table)
+def _tp_plan(data: dict[str, Any], source: str) -> dict[str, str]:
+    """[tp_plan]: the model's tensor-parallel plan as transformers ships it (module or parameter name, layer indices as
+    `*` -> style); memory/sharding.py reads it."""
+    table = _table(data, "tp_plan", source)
+    for key, style in table.items():
+        if not isinstance(style, str):
+            raise SymparamError(f"{source}: [tp_plan] {key}: expected a style name such as \"colwise\", got {style!r}")
     return dict(table)
 
 
