@@ -815,10 +815,10 @@ class Activation:
         keep = [i for i, (s, _) in enumerate(t.saved) if self.on(rank, s.module, s.op)]
         within = lambda r: range(sum(i < r.start for i in keep), sum(i < r.stop for i in keep))  # noqa: E731  a range of saves, renumbered
         ops = [Op(o.name, o.module, tuple(map(value, o.inputs)), tuple(map(value, o.outputs)), within(o.saves)) for o in t.ops if self.on(rank, o.module)]
-        layers = [LayerCall(c.path, sp.sympify(c.layers).xreplace(rank.stage.renamed), storage(c.inputs), within(c.saves), tuple(map(storage, c.arguments)))
+        layers = [LayerCall(c.path, sp.sympify(c.layers).xreplace(rank.stage.renamed), tuple(map(storage, c.inputs)), within(c.saves), tuple(map(storage, c.arguments)))
                   for c in t.layers]
         held = [storage(s) for s in t.held if self.on(rank, s.module, s.op)]
-        return Trace([], [(storage(t.saved[i][0]), t.saved[i][1]) for i in keep], layers, list(t.assumed), dict(t.kernels), ops, held)
+        return Trace([], [(storage(t.saved[i][0]), t.saved[i][1]) for i in keep], layers, list(t.assumed), dict(t.kernels), ops, held, dict(t.uncheckpointed))
 
     def storages(self, rank: Rank) -> list[Any]:
         """The storages autograd keeps on the rank, with the sizes and copies it holds."""
