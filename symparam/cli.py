@@ -367,10 +367,10 @@ def cmd_shapes(args: argparse.Namespace) -> str:
     from symparam import shapes
 
     model = model_from(args)
-    steps = shapes.report(model, args.seq, args.batch, args.attention, args.dtype)
+    steps = shapes.report(model, args.seq, args.batch, args.attention, args.dtype, args.train)
     if args.json:
         return json.dumps({"name": model.name, "seq": args.seq, "batch": args.batch, "attention": args.attention, "steps": steps}, indent=2)
-    return shapes.text(steps, args.train)
+    return shapes.text(steps)
 
 
 def cmd_plot(args: argparse.Namespace) -> str:

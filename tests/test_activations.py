@@ -18,7 +18,7 @@ import symparam
 from symparam.errors import SymparamError
 from symparam.components import walk
 from symparam.config import as_subs
-from symparam.memory.activations import activations
+from symparam.memory.activations import activations, checked_families
 from symparam.memory.trace import Mode
 from symparam.recipes import REGISTRY
 from symparam.symbols import B, S
@@ -29,7 +29,7 @@ from oracle import checkpointable, saved_bytes
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
 
-FAMILIES = sorted(r.family for r in REGISTRY if r.family != "classic")  # classic's oracle is torch.nn, not transformers
+FAMILIES = sorted(checked_families())  # the families symparam derives activations for; the others refuse (test_unchecked_families_refuse)
 POINTS = ((1, 5), (2, 5), (1, 7), (2, 9), (1, 9))  # (B, S) below the tiny configs' window of 16
 LONG = ((1, 17), (2, 17), (1, 19), (1, 21))  # past it: sliding layers mask and keep only the window
 MODES = {  # name -> (dtype, attention, checkpointing, points)
@@ -85,3 +85,14 @@ def test_random_configs(family: str) -> None:
         compare(config, "bf16", "sdpa", False, POINTS[:3])
 
     check()
+
+
+def test_checked_families_are_known():
+    assert set(checked_families()) <= {r.family for r in REGISTRY}
+
+
+@pytest.mark.parametrize("family", sorted({r.family for r in REGISTRY} - set(checked_families()) - {"classic"})[:3])
+def test_unchecked_families_refuse(family: str) -> None:
+    """No figure that no test holds to autograd: one line naming the family and where the checked ones are listed."""
+    with pytest.raises(SymparamError, match=f"{family}.*not checked against autograd"):
+        activations(symparam.load(tiny_config(family)), Mode(), "none", {B: 1, S: 5})

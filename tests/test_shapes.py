@@ -11,8 +11,11 @@ import pytest
 
 from symparam import load
 from symparam.cli import main
+from symparam.memory.activations import checked_families
+from symparam.recipes import REGISTRY
 from symparam.shapes import report
 
+from families import tiny_config
 from oracle import hf_config, normal
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -110,10 +113,21 @@ def test_gpt2_walkthrough():
 def test_cli_json_and_train(capsys):
     assert main(["shapes", "--model", "qwen3-8b", "--seq", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert all({"name", "op", "shape", "symbolic", "kept"} <= set(step) for step in data["steps"])
+    assert all({"name", "op", "shape", "symbolic"} <= set(step) and "kept" not in step for step in data["steps"])
     assert outputs(data["steps"])["model.layers.self_attn.k_proj"]["shape"] == [1, 3, 8 * 128]
     assert main(["shapes", "--model", "qwen3-8b", "--seq", "3", "--train"]) == 0
     assert "kept" in capsys.readouterr().out
+
+
+def test_train_refused_where_activations_are_not_checked(capsys, tmp_path):
+    # a family whose forward no test holds to autograd gets no "kept" marks, and says why
+    family = next(r.family for r in REGISTRY if r.family not in checked_families() and r.family != "classic")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_config(family)))
+    assert main(["shapes", "--config", str(path), "--seq", "3"]) == 0
+    capsys.readouterr()
+    assert main(["shapes", "--config", str(path), "--seq", "3", "--train"]) == 2
+    assert "not checked against autograd" in capsys.readouterr().err
 
 
 def test_trace_reads_the_switches_the_count_reads():

@@ -7,8 +7,11 @@ non-reentrant), a decoder layer keeps only its input; what it saves inside is re
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
 
 import sympy as sp
 
@@ -23,6 +26,23 @@ CHECKPOINTING = {
             "tensors a layer receives as keyword arguments (rotary tables, masks) stay alive through the recompute closures "
             "without autograd saving them",
 }
+
+
+@cache
+def checked_families() -> tuple[str, ...]:
+    """The families whose activation formula tests hold to autograd (conventions/activations.toml)."""
+    text = resources.files("symparam.memory").joinpath("conventions", "activations.toml").read_text(encoding="utf-8")
+    return tuple(tomllib.loads(text)["checked"])
+
+
+def checked_trace(model, mode: Mode, context: Mapping | None = None) -> Trace:
+    """The training forward's trace, for a family whose activations are checked against autograd; else a clear error."""
+    family = model.recipe.family
+    if family not in checked_families():
+        raise SymparamError(f"activation memory: {model.recipe.title} ({family}) is not checked against autograd yet, so "
+                            f"symparam derives no training figure for it ({len(checked_families())} families are: "
+                            "symparam/memory/conventions/activations.toml)")
+    return trace(model, mode, context)
 
 
 @dataclass(frozen=True)
@@ -115,10 +135,10 @@ def parts(storages: Iterable[Storage]) -> tuple[Part, ...]:
 
 def activations(model, mode: Mode = Mode(), checkpointing: str = "none", context: dict | None = None) -> Activations:
     """The activation memory of a configured model under a mode; `context` holds S and B where a branch needs them."""
-    t = trace(model, mode, context)
+    t = checked_trace(model, mode, context)
     if checkpointing == "full" and t.uncheckpointed:
         raise SymparamError(f"--checkpointing {checkpointing}: {'; '.join(dict.fromkeys(t.uncheckpointed.values()))}")
     return Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
 
 
-__all__ = ["CHECKPOINTING", "Part", "Activations", "kept", "parts", "activations"]
+__all__ = ["CHECKPOINTING", "checked_families", "checked_trace", "Part", "Activations", "kept", "parts", "activations"]

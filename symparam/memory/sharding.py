@@ -753,13 +753,14 @@ class Traced:
 
 def traced(model: Model, dtype: str, train: Any, context: Mapping[sp.Symbol, int]) -> Traced:
     """The training forward as training.py traces it (a checkpointed layer runs without a cache)."""
-    from symparam.memory.trace import Mode, trace
+    from symparam.memory.activations import checked_trace
+    from symparam.memory.trace import Mode
     from symparam.memory.training import optimizer
 
     opt = optimizer(train.optimizer)
     act = opt.dtype(opt.weights, dtype)
     use_cache = False if train.checkpointing != "none" else None
-    return Traced(trace(model, Mode(act=act, attention=train.attention, use_cache=use_cache), context), train.checkpointing)
+    return Traced(checked_trace(model, Mode(act=act, attention=train.attention, use_cache=use_cache), context), train.checkpointing)
 
 
 class Activation:

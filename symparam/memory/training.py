@@ -21,9 +21,9 @@ import sympy as sp
 from symparam.components import ONE, Term, leaves
 from symparam.config import as_subs
 from symparam.errors import SymparamError
-from symparam.memory.activations import Activations, kept, parts
+from symparam.memory.activations import Activations, checked_trace, kept, parts
 from symparam.memory.ops import BYTES, Storage
-from symparam.memory.trace import Mode, Trace, trace
+from symparam.memory.trace import Mode, Trace
 from symparam.rules import compile_rule
 from symparam.symbols import B, S, evaluate, parse
 
@@ -158,7 +158,7 @@ def training(model: Any, opt: Optimizer, mode: Mode = Mode(), checkpointing: str
     act = opt.dtype(opt.weights, mode.act)
     use_cache = False if checkpointing != "none" else mode.use_cache  # a checkpointed layer runs without a cache
     mode = Mode(act=act, attention=mode.attention, trainable=mode.trainable, use_cache=use_cache)
-    t = trace(model, mode, context)
+    t = checked_trace(model, mode, context)
     act_kept = Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
     own, gradients, states, temporaries = terms(model, opt, act, mode.trainable)
     return _moments(model, t, opt, act, own if weights is None else weights, gradients, states, temporaries, act_kept)
