@@ -514,6 +514,7 @@ def add_derive(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--attention", default="sdpa", choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
     group.add_argument("--checkpointing", default="none", choices=("none", "full"), help="activation checkpointing (default none)")
     group.add_argument("--optimizer", default="adamw", metavar="NAME", help="optimizer convention (default adamw)")
+    add_layout(parser)
 
 
 def cmd_derive(args: argparse.Namespace) -> str:
@@ -527,7 +528,9 @@ def cmd_derive(args: argparse.Namespace) -> str:
     if args.seq is not None and not args.memory:
         raise SymparamError("--seq: describes the training step's memory; add --memory")
     memory = {"seq": args.seq, "batch": args.batch, "dtype": args.dtype, "attention": args.attention,
-              "checkpointing": args.checkpointing, "optimizer_name": args.optimizer} if args.memory else None
+              "checkpointing": args.checkpointing, "optimizer_name": args.optimizer, "layout": layout_from(args)} if args.memory else None
+    if not args.memory and layout_from(args) is not None:
+        raise SymparamError("--dp/--tp/--pp/--ep/--cp: derive the per-GPU memory of a training step; add --memory --seq S")
     d = derive(model, args.quant, memory)
     text = html(d, args.lang, args.brief) if args.format == "html" else render(d, args.format, args.lang, args.fragment, args.brief)
     if not args.output:

@@ -283,3 +283,30 @@ def test_memory_derivation_needs_a_config_and_a_length(capsys):
     assert "--memory" in capsys.readouterr().err
     assert cli.main(["derive", "--model", "qwen3-0.6b", "--markdown", "--memory"]) == 2
     assert "--seq" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_per_gpu_derivation_compiles_and_renders(lang, tmp_path):
+    """derive --memory with a layout: the most loaded GPU's terms in the layout's degrees, the same figure `memory`
+    prints for it; LaTeX compiles, the Markdown's math renders in KaTeX."""
+    from symparam.memory import Train, report
+    from symparam.memory.sharding import Layout
+
+    layout = Layout(dp=2, tp=2, sharding="zero1")
+    d = derive(symparam.load("qwen3-0.6b"), memory={**MEMORY, "layout": layout})
+    per_rank = report(symparam.load("qwen3-0.6b"), "bf16", 2048, 1, None, Train(), layout)["per_rank"]["most_loaded"]
+    assert d.memory.rank.value == per_rank["bytes"] and d.memory.rank.rank == per_rank["rank"]
+    assert {t.key for t in d.memory.rank.terms} >= {"weights", "gradients", "optimizer_states", "activations"}
+    tex = render(d, "latex", lang)
+    pdf = compile_tex("pdflatex" if lang == "en" else "xelatex", tex, tmp_path)
+    text = subprocess.run([need("pdftotext"), str(pdf), "-"], capture_output=True, text=True).stdout
+    assert f"{per_rank['bytes']:,}" in text
+    path = tmp_path / f"rank.{lang}.md"
+    path.write_text(render(d, "markdown", lang), encoding="utf-8")
+    run = subprocess.run([need("node"), str(KATEX / "check.js"), str(path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_layout_needs_memory(capsys):
+    assert cli.main(["derive", "--model", "qwen3-0.6b", "--markdown", "--tp", "2"]) == 2
+    assert "--memory" in capsys.readouterr().err

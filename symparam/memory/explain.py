@@ -74,11 +74,41 @@ class MemoryDerivation:
     gpt3_value: int
     layer_value: int  # this model's bytes in its most common layer, at the values
     kernels: tuple[tuple[str, str], ...]
+    rank: Any = None  # RankDerivation: the most loaded GPU under a parallel layout, where one is given
+
+
+@dataclass(frozen=True)
+class RankDerivation:
+    """The most loaded GPU of a parallel layout: its terms as formulas in the layout's degrees, and its peak."""
+
+    layout: str  # "64 GPUs = dp 4 x tp 4 x pp 4 x cp 1; data: zero1; ..."
+    conventions: tuple[str, ...]  # each convention's kind, name and title
+    rank: str
+    layers: tuple[tuple[sp.Symbol, int], ...]  # the stage's decoder layers by kind: (symbol, value)
+    terms: tuple[Term, ...]
+    at: str  # the moment of its peak (training), or "" (serving: everything at once)
+    total: sp.Expr
+    value: int
+
+
+def rank_derivation(model: Any, layout: Any, dtype: str, context: dict, train: Any) -> RankDerivation:
+    """The most loaded GPU under a layout (memory/sharding.py), as the derivation lays it out."""
+    from symparam.memory import sharding
+
+    result = sharding.per_rank(model, layout, dtype, context, train)
+    held = result.most_loaded
+    peak = max(held.moments, key=lambda m: result.exact(held, m[1])) if held.moments else None
+    terms = tuple(Term(name, e, result.exact(held, e)) for name, e, _ in held.parts if result.exact(held, e))
+    return RankDerivation(layout.named(result.training), tuple(f"{c['kind']} ({c['name']}): {c['title']}" for c in sharding.conventions(layout, result.training)),
+                          held.label, tuple((sym, int(n)) for _, sym, n in held.rank.stage.counts), terms, peak[0] if peak else "",
+                          peak[1] if peak else sp.expand(held.total), result.bytes(held))
 
 
 def memory_derivation(model: Any, seq: int, batch: int, dtype: str = "bf16", attention: str = "sdpa",
-                      checkpointing: str = "none", optimizer_name: str = "adamw") -> MemoryDerivation:
-    """The memory section of a model's derivation at S = seq, B = batch."""
+                      checkpointing: str = "none", optimizer_name: str = "adamw", layout: Any = None) -> MemoryDerivation:
+    """The memory section of a model's derivation at S = seq, B = batch; with a parallel layout, its most loaded GPU."""
+    from symparam.memory import Train
+
     opt = optimizer(optimizer_name)
     step = training(model, opt, Mode(act=dtype, attention=attention), checkpointing, {B: batch, S: seq})
     values = {**as_subs(model.values), B: sp.Integer(batch), S: sp.Integer(seq)}
@@ -100,8 +130,9 @@ def memory_derivation(model: Any, seq: int, batch: int, dtype: str = "bf16", att
     gpt3_layer = sp.Add(*(b.gpt3 for b in gpt3))
     peak_at, peak_value, peak = step.peak(values)
     terms = tuple(Term(k, e, at(e)) for k, e in (("weights", step.weights), ("gradients", step.gradients), ("optimizer_states", step.states), ("loss_peak", step.loss_peak)))
+    rank = None if layout is None else rank_derivation(model, layout, dtype, {B: batch, S: seq}, Train(optimizer_name, attention, checkpointing))
     return MemoryDerivation(seq, batch, step.act, attention, checkpointing, opt.title, step.assumed, rows, by_layers, a.formula, at(a.formula),
-                            terms, peak_at, peak, peak_value, gpt3, gpt3_layer, at(gpt3_layer), at(kinds.get(layers, sp.Integer(0))), a.kernels)
+                            terms, peak_at, peak, peak_value, gpt3, gpt3_layer, at(gpt3_layer), at(kinds.get(layers, sp.Integer(0))), a.kernels, rank)
 
 
-__all__ = ["MemoryDerivation", "memory_derivation", "GPT3_BLOCKS", "CHECKPOINTING"]
+__all__ = ["MemoryDerivation", "RankDerivation", "memory_derivation", "rank_derivation", "GPT3_BLOCKS", "CHECKPOINTING"]
