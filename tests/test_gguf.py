@@ -29,6 +29,14 @@ def test_qwen3_8b_q4_k_m_matches_the_published_file():
     assert gguf.layout(load("qwen3-8b"), "Q4_K_M").bytes == 5_021_827_072
 
 
+def test_memory_reports_the_mix(capsys):
+    """memory --quant gguf:MIX: the weights as llama.cpp's mix stores them (the architecture's layer masks read)."""
+    from symparam.cli import main
+
+    assert main(["memory", "--model", "qwen3-8b", "--quant", "gguf:Q4_K_M", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights_bytes"] == 5_021_827_072
+
+
 # --- types: the gguf package's table, writer and reader ------------------------------------------------------------
 
 

@@ -282,7 +282,7 @@ def layer_masks(raw: Mapping[str, Any], model: Model) -> dict[str, list[bool]]:
     for the rules that read a layer's position."""
     from symparam.config import Values, unwrap
 
-    config, recipe, _, _ = unwrap(dict(raw), model.recipe)
+    config, recipe, *_ = unwrap(dict(raw), model.recipe)
     values = Values(recipe, {**recipe.defaults, **config}, {})
     return {name: list(values.mask(name)) for name in recipe.layer_symbols if name in model.values}
 
