@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import logging
 import warnings
 
@@ -120,3 +121,13 @@ def test_cli_json_and_text(capsys):
     assert "GB" in text and "GiB" in text and "2*B*N*S*b*h_d*h_kv" in text
     assert main(["memory", "--model", "qwen3-8b", "--seq", "-3"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("preset", ["qwen3-8b", "deepseek-v3"])
+def test_activations_by_layer_kind_read_back_as_the_formula(preset):
+    """The formula written by layer kind (N_dense*(...) + (N - N_dense)*(...) + ...) is the same polynomial as the sum."""
+    from symparam.memory import Train
+
+    r = report(load(preset), "bf16", 4096, 1, "none", Train())
+    names = {n: sp.Symbol(n) for n in re.findall(r"[A-Za-z_]\w*", r["activations"]["formula"])}  # S, N: symbols, not SymPy's
+    assert sp.expand(sp.sympify(r["activations"]["by_layer_kind"], locals=names) - sp.sympify(r["activations"]["formula"], locals=names)) == 0

@@ -84,7 +84,7 @@ class Activations:
     def grouped(self) -> str:
         """The formula written by layer kind, as the derivations write counts: N*(...) + ... + (what runs once)."""
         kinds = sorted(self.by_layers().items(), key=lambda item: item[0] == 1)  # the layers first, what runs once last
-        return " + ".join(f"{n}*({e})" if n != 1 else f"({e})" for n, e in kinds)
+        return " + ".join(f"({e})" if n == 1 else f"{n}*({e})" if n.is_Atom or n.is_Mul else f"({n})*({e})" for n, e in kinds)
 
     def by_module(self) -> dict[str, sp.Expr]:
         """Bytes per module, all its copies."""
