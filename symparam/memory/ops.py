@@ -149,7 +149,7 @@ class Context:
         for v in values:
             if v is not None and not v.param:
                 storage = v.storage
-                if any(sp.simplify(outer - storage.copies) == 0 for outer, _ in self.kinds):
+                if any(identical(outer, storage.copies, self.values) for outer, _ in self.kinds):
                     storage = replace(storage, copies=self.kinds[-1][1], partial=True)
                 self.saved.append((storage, self.module))
 
@@ -254,8 +254,8 @@ def _infer(x: Value, shape: Sequence[sp.Expr]) -> tuple[sp.Expr, ...]:
         raise SymparamError("view: at most one -1")
     if any(n == -1 for n in shape):
         known = sp.Mul(*(n for n in shape if n != -1))
-        shape = [sp.simplify(x.numel / known) if n == -1 else n for n in shape]
-    if sp.simplify(sp.Mul(*shape) - x.numel) != 0:
+        shape = [sp.cancel(x.numel / known) if n == -1 else n for n in shape]
+    if not identical(sp.Mul(*shape), x.numel):
         raise SymparamError(f"view: {list(x.shape)} has {x.numel} elements, {list(shape)} has {sp.Mul(*shape)}")
     return tuple(shape)
 
@@ -332,7 +332,7 @@ def select(ctx: Context, x: Value, dim: int, index: sp.Expr) -> Value:
 def split(ctx: Context, x: Value, sizes: Sequence[sp.Expr], dim: int = -1) -> tuple[Value, ...]:
     """Views of consecutive pieces along `dim` (torch.split with a list of sizes)."""
     dim = dim % len(x.shape)
-    if sp.simplify(sp.Add(*sizes) - x.shape[dim]) != 0:
+    if not identical(sp.Add(*sizes), x.shape[dim]):
         raise SymparamError(f"split: sizes {list(sizes)} do not add up to {x.shape[dim]}")
     return tuple(narrow(ctx, x, dim, 0, n) for n in sizes)
 

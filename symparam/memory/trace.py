@@ -281,7 +281,7 @@ class Interpreter:
             if any(r != first for r in results):
                 raise SymparamError(f"{where}: layer kinds return different values")
             return first
-        if any(not isinstance(r, Value) or len(r.shape) != len(first.shape) or any(sp.simplify(a - b) != 0 for a, b in zip(r.shape, first.shape)) or r.dtype != first.dtype for r in results):
+        if any(not isinstance(r, Value) or len(r.shape) != len(first.shape) or any(not ops.identical(a, b) for a, b in zip(r.shape, first.shape)) or r.dtype != first.dtype for r in results):
             raise SymparamError(f"{where}: layer kinds return tensors of different shapes")
         if len(results) == 1 or all(r.storage is first.storage for r in results):
             return first
