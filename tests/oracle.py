@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -336,9 +337,15 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     finally:
         for h in hooks:
             h.remove()
+    return by_module(saved, modules, lambda creator: normal(peft_name(creator)))
+
+
+def by_module(saved: dict[int, tuple[int, str]], modules: set[str] | None, name_of: Callable[[str], str] = normal) -> dict[str, int]:
+    """Saved bytes per module: each storage's creator named as symparam names modules, raised to the nearest module
+    of `modules` (None: as named)."""
     out: dict[str, int] = {}
     for nbytes, creator in saved.values():
-        name = normal(peft_name(creator))
+        name = name_of(creator)
         while modules is not None and name not in modules and name not in ("", "(inputs)"):
             name = name.rpartition(".")[0]
         out[name] = out.get(name, 0) + nbytes

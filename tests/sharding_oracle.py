@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from oracle import hf_config, normal
+from oracle import by_module, hf_config, normal
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -120,13 +120,7 @@ def saved_bytes(config: dict[str, Any], degrees: dict[str, int], rank: int, batc
         finally:
             for h in hooks:
                 h.remove()
-    out: dict[str, int] = {}
-    for nbytes, creator in saved.values():
-        name = normal(creator)
-        while name not in modules and name not in ("", "(inputs)"):
-            name = name.rpartition(".")[0]
-        out[name] = out.get(name, 0) + nbytes
-    return out
+    return by_module(saved, modules)
 
 
 def step_state(config: dict[str, Any], degrees: dict[str, int], rank: int) -> dict[str, int]:
