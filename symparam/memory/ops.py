@@ -107,9 +107,20 @@ class Context:
     kinds: list = field(default_factory=list)  # layer kinds running now: (copies around them, their own copies)
 
     def contiguous(self, x: Value) -> bool:
-        """Whether x is laid out row-major, as PyTorch checks it: dimensions of size 1 (here, or at the model's values
-        and S, B: then an assumption of the formula) do not count."""
-        return all(self.unit(n) for n, s, c in zip(x.shape, x.strides, dense(x.shape)) if not identical(s, c, self.values))
+        """Whether x is laid out row-major, as PyTorch checks it (innermost first, each stride the product of the sizes
+        inside it): dimensions of size 1 do not count, nor multiply; a size or stride that is 1, or equal, only at the
+        model's values and S, B (one head: [B, h, S, d] transposed is [B, S, h, d] already) is an assumption of the formula."""
+        expected = ONE
+        for n, s in reversed(list(zip(x.shape, x.strides))):
+            if identical(s, expected, self.values):
+                expected = expected * n
+            elif self.unit(n):
+                continue
+            elif self.same(s, expected):
+                expected = expected * n
+            else:
+                return False
+        return True
 
     def unit(self, n: sp.Expr) -> bool:
         """Whether a size is 1, where layouts treat it apart: as a formula, or at the model's values (B = 1 lets a
