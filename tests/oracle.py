@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -288,9 +289,6 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     `config` on CPU: bytes of every storage a `saved_tensors_hooks` pack hook sees, once, parameters and buffers
     excluded, attributed to the module whose forward allocated it (layer indices left out; folded up to the nearest of
     `modules`, symparam's modules; "(inputs)" for the batch)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
     model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True), nf4)
     if attention == "eager" or model.config._attn_implementation == "sdpa":
         model.set_attn_implementation(attention)
@@ -298,18 +296,25 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
         model.gradient_checkpointing_enable()
     else:
         model.gradient_checkpointing_disable()
-    weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    stack, created, alive = [""], {}, []
+    generator = torch.Generator().manual_seed(batch * 1000 + seq)
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq), generator=generator)
+    saved = saved_by_creator(model, ids)
+    return by_module(saved, modules, lambda creator: normal(peft_name(creator)))
 
-    def enter(name: str):
-        return lambda module, args: stack.append(name)
 
-    def leave(module, args, output) -> None:
-        stack.pop()
+def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict[int, tuple[int, str]]:
+    """One training forward with the loss under a `saved_tensors_hooks` pack hook: every storage autograd keeps
+    (parameters and buffers left out), once, with its bytes and the module whose forward allocated it (a dispatch mode
+    notes each new storage's maker; the batch is "(inputs)"). `local`: the tensor a DTensor computes on."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
 
+    weights = {local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    stack, created, alive, saved = [""], {}, [], {}
     hooks = []
     for name, module in model.named_modules():
-        hooks += [module.register_forward_pre_hook(enter(name)), module.register_forward_hook(leave)]
+        hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
+        hooks.append(module.register_forward_hook(lambda m, a, o: stack.pop() and None))
 
     class Creators(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -317,19 +322,16 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     alive.append(t)  # held, so no later tensor reuses its address
-                    created.setdefault(t.untyped_storage().data_ptr(), stack[-1])
+                    with contextlib.suppress(RuntimeError):  # a collective's output before it is waited on
+                        created.setdefault(local(t).untyped_storage().data_ptr(), stack[-1])
             return out
 
-    saved: dict[int, tuple[int, str]] = {}
-
     def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in weights and ptr not in saved:
-            saved[ptr] = (t.untyped_storage().nbytes(), created.get(ptr, "(inputs)"))
+        storage = local(t).untyped_storage()
+        if storage.data_ptr() not in weights and storage.data_ptr() not in saved:
+            saved[storage.data_ptr()] = (storage.nbytes(), created.get(storage.data_ptr(), "(inputs)"))
         return t
 
-    generator = torch.Generator().manual_seed(batch * 1000 + seq)
-    ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq), generator=generator)
     created[ids.untyped_storage().data_ptr()] = "(inputs)"  # the batch's, also where a model first views it
     try:
         with Creators(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -337,7 +339,7 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     finally:
         for h in hooks:
             h.remove()
-    return by_module(saved, modules, lambda creator: normal(peft_name(creator)))
+    return saved
 
 
 def by_module(saved: dict[int, tuple[int, str]], modules: set[str] | None, name_of: Callable[[str], str] = normal) -> dict[str, int]:
@@ -359,7 +361,6 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
     follows every storage until it is freed; on the meta device (full size without memory: every operation computes
     its outputs' shapes, dtypes and storages) or for real on CPU. The model's non-persistent buffers are left out
     (symparam leaves them out); with it, the phase and operation of the peak."""
-    import contextlib
     import weakref
 
     import transformers

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from oracle import by_module, hf_config, normal
+from oracle import by_module, hf_config, normal, saved_by_creator
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -82,44 +82,10 @@ def saved_bytes(config: dict[str, Any], degrees: dict[str, int], rank: int, batc
     """What autograd keeps for backward in one bf16 training forward with the loss of the model distributed on `rank`
     (DTensor computes on the local shards): bytes of every saved storage once, parameters excluded, by the module
     whose forward allocated it, folded up to the nearest of symparam's `modules`."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
     with fake_world(world_size(degrees), rank):
         model = distribute(config, degrees, device="cpu", dtype=torch.bfloat16).train()
-        weights = {local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-        stack, created, alive = [""], {}, []
-        hooks = []
-        for name, module in model.named_modules():
-            hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
-            hooks.append(module.register_forward_hook(lambda m, a, o: stack.pop() and None))
-
-        class Creators(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor):
-                        alive.append(t)
-                        with contextlib.suppress(RuntimeError):  # a collective's output before it is waited on
-                            created.setdefault(local(t).untyped_storage().data_ptr(), stack[-1])
-                return out
-
-        saved: dict[int, tuple[int, str]] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = local(t).untyped_storage()
-            if storage.data_ptr() not in weights and storage.data_ptr() not in saved:
-                saved[storage.data_ptr()] = (storage.nbytes(), created.get(storage.data_ptr(), "(inputs)"))
-            return t
-
         ids = torch.randint(0, config["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(batch * 1000 + seq))
-        created[ids.untyped_storage().data_ptr()] = "(inputs)"  # the batch, whatever wraps it as a DTensor
-        try:
-            with Creators(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                model(input_ids=ids, labels=ids)
-        finally:
-            for h in hooks:
-                h.remove()
+        saved = saved_by_creator(model, ids, local)
     return by_module(saved, modules)
 
 
