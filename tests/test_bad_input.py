@@ -534,13 +534,17 @@ def test_an_ascii_only_stdout_gets_escapes_not_a_crash(tmp_path):
 
 def test_ctrl_c_exits_130_in_one_line(tmp_path):
     """SIGINT while the CLI works (here: blocked writing a page into a pipe nobody reads): exit 130, no traceback."""
-    proc = subprocess.Popen(CLI + ["derive", "--model", "gpt2", "--html"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    # as a shell starts it: SIGINT at its default (a pytest-xdist worker ignores SIGINT, and children inherit that)
+    proc = subprocess.Popen(CLI + ["derive", "--model", "gpt2", "--html"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.read(1) == b"<"  # main() is running: it is printing
     proc.send_signal(signal.SIGINT)
-    err = proc.stderr.read().decode()
-    proc.stdout.close()
-    assert proc.wait(timeout=HANG) == 130
-    assert err == "symparam: error: interrupted\n"
+    try:
+        _, err = proc.communicate(timeout=HANG)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err.decode() == "symparam: error: interrupted\n"
 
 
 # --- no figure is ever negative: layer counts set by hand, fuzzed ------------------------------------------------------
