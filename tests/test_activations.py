@@ -31,7 +31,7 @@ warnings.filterwarnings("ignore")
 
 FAMILIES = sorted(checked_families())  # the families symparam derives activations for; the others refuse (test_unchecked_families_refuse)
 POINTS = ((1, 5), (2, 5), (1, 7), (2, 9), (1, 9))  # (B, S) below the tiny configs' window of 16
-LONG = ((1, 17), (2, 17), (1, 19), (1, 21))  # past it: sliding layers mask and keep only the window
+LONG = ((1, 16), (2, 17), (1, 19), (1, 21))  # at and past it: from S = W on, sliding layers mask and keep only the window
 MODES = {  # name -> (dtype, attention, checkpointing, points)
     "bf16-sdpa": ("bf16", "sdpa", False, POINTS),
     "bf16-sdpa-long": ("bf16", "sdpa", False, LONG),

@@ -274,22 +274,23 @@ def _infer(ctx: Context, x: Value, shape: Sequence[sp.Expr]) -> tuple[sp.Expr, .
 
 
 def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...] | None:
-    """PyTorch's computeStride over symbolic sizes: the strides of a view, or None where only a copy can reshape."""
+    """PyTorch's computeStride over symbolic sizes: the strides of a view, or None where only a copy can reshape. Sizes
+    and strides equal, or 1, only at the model's values (one head: a transposed [B, h, S, h_d] folds as a view) are
+    assumptions of the formula."""
     if ctx.contiguous(x):
         return dense(shape)
-    same = lambda a, b: identical(a, b, ctx.values)  # noqa: E731
     new = [ONE] * len(shape)
     view_d = len(shape) - 1
     base = x.strides[-1]
     tensor_numel = view_numel = ONE
     for d in range(len(x.shape) - 1, -1, -1):
         tensor_numel = tensor_numel * x.shape[d]
-        if d == 0 or (not ctx.unit(x.shape[d - 1]) and not same(x.strides[d - 1], tensor_numel * base)):
-            while view_d >= 0 and (not same(view_numel, tensor_numel) or shape[view_d] == 1):
+        if d == 0 or (not ctx.unit(x.shape[d - 1]) and not ctx.same(x.strides[d - 1], tensor_numel * base)):
+            while view_d >= 0 and (not ctx.same(view_numel, tensor_numel) or ctx.unit(shape[view_d])):
                 new[view_d] = view_numel * base
                 view_numel = view_numel * shape[view_d]
                 view_d -= 1
-            if not same(view_numel, tensor_numel):
+            if not ctx.same(view_numel, tensor_numel):
                 return None
             if d > 0:
                 base = x.strides[d - 1]
