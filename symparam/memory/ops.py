@@ -664,6 +664,14 @@ def max_dim(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> tup
     return values, indices
 
 
+def amax(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> Value:
+    """x.amax(dim): the largest values; saves its input and result (the gradient goes where they are equal)."""
+    out = reduce(ctx, x, dim, keepdim, "amax")
+    if x.grad:
+        ctx.save(x, out)
+    return out
+
+
 def gather(ctx: Context, x: Value, dim: int, idx: Value) -> Value:
     """torch.gather: values of x at the indices along `dim`, in the indices' shape; saves x and the indices (measured)."""
     out = ctx.new(idx.shape, x.dtype, "gather", x.grad)
@@ -679,6 +687,14 @@ def scatter(ctx: Context, x: Value, dim: int, idx: Value, src: Value | sp.Expr |
     if grad:
         ctx.save(idx)
     return out
+
+
+def scatter_(ctx: Context, x: Value, dim: int, idx: Value, src: Value | sp.Expr | None = None) -> Value:
+    """x.scatter_(dim, idx, src or a scalar): the result lives in x's storage; saves the indices."""
+    grad = x.grad or (isinstance(src, Value) and src.grad)
+    if grad:
+        ctx.save(idx)
+    return replace(x, grad=grad)
 
 
 def save_for_backward(ctx: Context, *values: Value) -> None:

@@ -747,6 +747,8 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "max": lambda ctx, x, dim=-1, keepdim=False: ops.max_dim(ctx, x, int(dim), bool(keepdim)),
     "gather": lambda ctx, x, dim, idx: ops.gather(ctx, x, int(dim), idx),
     "scatter": lambda ctx, x, dim, idx, src=None: ops.scatter(ctx, x, int(dim), idx, src),
+    "scatter_": lambda ctx, x, dim, idx, src=None: ops.scatter_(ctx, x, int(dim), idx, src),
+    "amax": lambda ctx, x, dim=-1, keepdim=False: ops.amax(ctx, x, int(dim), bool(keepdim)),
     "save_for_backward": ops.save_for_backward,
     "view_as_complex": ops.view_as_complex,
     "view_as_real": ops.view_as_real,
