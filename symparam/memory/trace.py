@@ -248,7 +248,15 @@ class Interpreter:
             self.slots, self.kinds = outer_slots, outer_kinds
         if not isinstance(out, Value):
             raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor")
+        if out.storage.ident == inputs.ident:  # every layer passes its input through
+            return x
         maker = out.storage.module  # what makes a layer's output, and so the next layer's input: its residual add, or a post-norm
+        ran = [k for k in out.storage.kinds if k.ident != inputs.ident]
+        if whole and len(ran) < len(out.storage.kinds):  # layers of a kind pass their input through (Mllama's cross-attention
+            runs = sp.Add(*(k.copies for k in ran))  # layers without an image): each layer that runs takes the last one's output
+            inputs = replace(inputs, copies=runs, owners=((source.module, ONE), (module.path, runs - 1)))
+            self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
+            maker = ran[0].module if len(ran) == 1 else maker
         if maker != module.path:
             inputs = replace(inputs, owners=tuple((maker if m == module.path else m, n) for m, n in inputs.owners))
             self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
@@ -264,6 +272,8 @@ class Interpreter:
         """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
         results = []
         modules = [m for m in variants.modules if not (self.values and sp.sympify(m.copies).xreplace(self.values) == 0)]
+        inside = self.ctx.kinds[-1][1] if self.ctx.kinds else None  # in `if kind(N_x):`, the variant of exactly those layers
+        modules = [m for m in modules if inside is not None and ops.identical(m.copies, inside)] or modules
         for m in modules or variants.modules[:1]:
             self.ctx.kinds.append((self.ctx.copies, m.copies))
             try:
