@@ -487,7 +487,10 @@ class Frame:
         key = f"{self.layer_path}.{name}" if self.layer_path else name
         if key in self.it.slots:
             return Variants(key, self.it.slots[key])
-        return self.it.kinds.get(key) if not self.layer_path else None
+        member = self.it.kinds.get(key) if not self.layer_path else None
+        if member is not None and member.term.is_leaf:  # a tensor the layer holds directly (Doge's residual weights)
+            return self.it.parameter(member.term, member.path, ONE)
+        return member
 
     def e_Attribute(self, node: ast.Attribute, scope: dict[str, Any]) -> Any:
         base = self.eval(node.value, scope)
@@ -498,6 +501,8 @@ class Frame:
                 return base.dtype
             if node.attr == "ndim":
                 return len(base.shape)
+            if node.attr == "requires_grad":
+                return base.grad
         if isinstance(base, dict):
             return base.get(node.attr)
         if isinstance(base, Module):
