@@ -244,6 +244,19 @@ def to_nf4(model: nn.Module) -> nn.Module:
     return model
 
 
+def keep_fp32(model: nn.Module, dtype: torch.dtype) -> None:
+    """The parameters and buffers from_pretrained(dtype=...) keeps in float32 (_keep_in_fp32_modules[_strict]), which
+    from_config leaves in `dtype`: cast back, matched as the loader matches them."""
+    from transformers.core_model_loading import build_glob_alternation
+
+    plan = model._get_dtype_plan(dtype)
+    if plan:
+        pattern = build_glob_alternation(list(plan))[0]
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if pattern.search(name):
+                t.data = t.data.float()
+
+
 @functools.cache
 def trained_model(config_json: str, dtype: str, lora_json: str = "null", nf4: bool = False) -> nn.Module:
     """The tiny random transformers model of a config on CPU, built in `dtype` as from_pretrained(dtype=...) builds it
@@ -258,6 +271,7 @@ def trained_model(config_json: str, dtype: str, lora_json: str = "null", nf4: bo
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch_dtype)
     except ValueError:  # a model without an sdpa path (OpenAI GPT, CTRL, RWKV) runs its own attention in every mode
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch_dtype)
+    keep_fp32(model, torch_dtype)
     if nf4:
         model = to_nf4(model)
     lora = json.loads(lora_json)

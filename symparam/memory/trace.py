@@ -126,6 +126,7 @@ class Interpreter:
         self.uncheckpointed: dict[str, str] = {}
         self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
+        self.share: Callable[[sp.Expr], sp.Expr] | None = None  # a run of part of a stack: a layer count -> its layers in the run
 
     # ------------------------------------------------------------ entry
 
@@ -211,13 +212,21 @@ class Interpreter:
             return self.run_layers(module, program, [(g, g.times) for g in groups], total, x, x.storage, args, kwargs)
         first = [(g, self.first_layer(g.times)) for g in groups]
         at_zero = self.first_layer(total)
-        out = self.run_layers(module, program, first, at_zero, x, x.storage, args, kwargs, whole=False)
+        self.share = self.first_layer
+        try:
+            out = self.run_layers(module, program, first, at_zero, x, x.storage, args, kwargs, whole=False)
+        finally:
+            self.share = None
         rest = [(g, sp.expand(g.times - n)) for g, n in first]
         if all(n == 0 or (self.values and sp.sympify(n).xreplace(self.values) == 0) for _, n in rest):
             return out
         prior = Storage(x.storage.numel, x.dtype, module.path, "layer output")
         follow = Value(x.shape, ops.dense(x.shape), x.dtype, prior, out.grad)
-        return self.run_layers(module, program, rest, sp.expand(total - at_zero), follow, prior, [follow, *args[1:]], kwargs, whole=False)
+        self.share = lambda n: sp.expand(n - self.first_layer(n))
+        try:
+            return self.run_layers(module, program, rest, sp.expand(total - at_zero), follow, prior, [follow, *args[1:]], kwargs, whole=False)
+        finally:
+            self.share = None
 
     def first_layer(self, count: sp.Expr) -> sp.Expr:
         """1 if layer 0 is among the layers a count stands for (N, N_dense, N - N_linear, ...), else 0."""
@@ -248,7 +257,15 @@ class Interpreter:
             self.slots, self.kinds = outer_slots, outer_kinds
         if not isinstance(out, Value):
             raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor")
+        if out.storage.ident == inputs.ident:  # every layer passes its input through
+            return x
         maker = out.storage.module  # what makes a layer's output, and so the next layer's input: its residual add, or a post-norm
+        ran = [k for k in out.storage.kinds if k.ident != inputs.ident]
+        if len(ran) < len(out.storage.kinds):  # layers of a kind pass their input through (Mllama's cross-attention layers
+            runs = sp.Add(*(k.copies for k in ran))  # without an image): each layer that runs takes the last one's output
+            inputs = replace(inputs, copies=runs, owners=((source.module, ONE), (module.path, runs - 1)) if whole else ((source.module, runs),))
+            self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
+            maker = ran[0].module if len(ran) == 1 else maker
         if maker != module.path:
             inputs = replace(inputs, owners=tuple((maker if m == module.path else m, n) for m, n in inputs.owners))
             self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
@@ -264,6 +281,8 @@ class Interpreter:
         """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
         results = []
         modules = [m for m in variants.modules if not (self.values and sp.sympify(m.copies).xreplace(self.values) == 0)]
+        inside = self.ctx.kinds[-1][1] if self.ctx.kinds else None  # in `if kind(N_x):`, the variant of exactly those layers
+        modules = [m for m in modules if inside is not None and ops.identical(m.copies, inside)] or modules
         for m in modules or variants.modules[:1]:
             self.ctx.kinds.append((self.ctx.copies, m.copies))
             try:
@@ -377,6 +396,7 @@ class Frame:
     def partition(self, stmt: ast.If, part: sp.Expr, scope: dict[str, Any]) -> None:
         it = self.it
         zeros = it.model.zeros if hasattr(it.model, "zeros") else {}
+        part = it.share(part) if it.share else part  # layer 0 run apart: the kind's layers in this run
         rest = sp.expand(self.copies - part)
         runs = [(part.xreplace(zeros), stmt.body), (rest.xreplace(zeros), stmt.orelse)]
         results = []
@@ -477,7 +497,10 @@ class Frame:
         key = f"{self.layer_path}.{name}" if self.layer_path else name
         if key in self.it.slots:
             return Variants(key, self.it.slots[key])
-        return self.it.kinds.get(key) if not self.layer_path else None
+        member = self.it.kinds.get(key) if not self.layer_path else None
+        if member is not None and member.term.is_leaf:  # a tensor the layer holds directly (Doge's residual weights)
+            return self.it.parameter(member.term, member.path, ONE)
+        return member
 
     def e_Attribute(self, node: ast.Attribute, scope: dict[str, Any]) -> Any:
         base = self.eval(node.value, scope)
@@ -488,6 +511,8 @@ class Frame:
                 return base.dtype
             if node.attr == "ndim":
                 return len(base.shape)
+            if node.attr == "requires_grad":
+                return base.grad
         if isinstance(base, dict):
             return base.get(node.attr)
         if isinstance(base, Module):
