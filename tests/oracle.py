@@ -258,6 +258,14 @@ def trained_model(config_json: str, dtype: str, lora_json: str = "null", nf4: bo
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch_dtype)
     except ValueError:  # a model without an sdpa path (OpenAI GPT, CTRL, RWKV) runs its own attention in every mode
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch_dtype)
+    plan = model._get_dtype_plan(torch_dtype)  # _keep_in_fp32_modules_strict: float32 as from_pretrained loads them (from_config does not)
+    if plan:
+        from transformers.core_model_loading import build_glob_alternation
+
+        keep = build_glob_alternation(list(plan))[0]
+        for name, t in model.state_dict(keep_vars=True).items():
+            if keep.search(name):
+                t.data = t.data.float()
     if nf4:
         model = to_nf4(model)
     lora = json.loads(lora_json)
