@@ -329,7 +329,8 @@ def expand(ctx: Context, x: Value, *shape: sp.Expr) -> Value:
     pad = len(shape) - len(x.shape)
     sizes, strides = (ONE,) * pad + x.shape, (sp.Integer(0),) * pad + x.strides
     out = tuple(o if n == -1 else n for n, o in zip(shape, sizes))
-    return replace(x, shape=out, strides=tuple(s if n == o else sp.Integer(0) for n, o, s in zip(out, sizes, strides)))
+    kept = lambda n, o: n == o or (o != 1 and ctx.same(n, o))  # noqa: E731  (h and h_kv equal at the model's values: no broadcast)
+    return replace(x, shape=out, strides=tuple(s if kept(n, o) else sp.Integer(0) for n, o, s in zip(out, sizes, strides)))
 
 
 def narrow(ctx: Context, x: Value, dim: int, start: sp.Expr, length: sp.Expr) -> Value:
@@ -469,6 +470,16 @@ def reduce(ctx: Context, x: Value, dim: int | Sequence[int] = -1, keepdim: bool 
     dims = {int(d) % len(x.shape) for d in (dim if isinstance(dim, (list, tuple)) else [dim])}
     shape = tuple(ONE if i in dims else n for i, n in enumerate(x.shape) if keepdim or i not in dims)
     return ctx.new(shape, x.dtype, op, x.grad)
+
+
+def logsumexp(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> Value:
+    """torch.logsumexp along one dimension: saves its input and its result (derivatives.yaml)."""
+    dim = dim % len(x.shape)
+    shape = tuple(ONE if i == dim else n for i, n in enumerate(x.shape) if keepdim or i != dim)
+    out = ctx.new(shape, x.dtype, "logsumexp", x.grad)
+    if x.grad:
+        ctx.save(x, out)
+    return out
 
 
 def cat(ctx: Context, values: Sequence[Value], dim: int = -1) -> Value:

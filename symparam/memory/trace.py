@@ -725,6 +725,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "log_softmax": lambda ctx, x, dim=-1, dtype=None: ops.softmax(ctx, x, dim, dtype, log=True),
     "mean": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "mean"),
     "sum": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "sum"),
+    "logsumexp": lambda ctx, x, dim=-1, keepdim=False: ops.logsumexp(ctx, x, int(dim), bool(keepdim)),
     "to": ops.to,
     "float": lambda ctx, x: ops.to(ctx, x, "fp32"),
     "view": lambda ctx, x, *shape: ops.view(ctx, x, _shape(shape)),
