@@ -605,12 +605,13 @@ def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:
 
 
 def layer_norm(ctx: Context, x: Value, weight: Value | None, bias: Value | None) -> Value:
-    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std, which the
-    CPU kernel keeps in the input's dtype (fp32 only where a bf16/fp16 input meets fp32 parameters; CUDA's are fp32)."""
+    """torch.nn.functional.layer_norm over the last dimension: saves its input, weight and bias (activations only where
+    computed: Nemotron's weight + 1) and the per-row mean and 1/std, which the CPU kernel keeps in the input's dtype
+    (fp32 only where a bf16/fp16 input meets fp32 parameters; CUDA's are fp32)."""
     out = ctx.new(x.shape, x.dtype, "layer_norm", x.grad or bool(weight and weight.grad))
     rows = x.shape[:-1] + (ONE,)
     stats = "fp32" if x.dtype in ("bf16", "fp16") and weight is not None and weight.dtype == "fp32" else x.dtype
-    ctx.save(x, ctx.new(rows, stats, "layer_norm mean", False), ctx.new(rows, stats, "layer_norm rstd", False))
+    ctx.save(x, weight or None, bias or None, ctx.new(rows, stats, "layer_norm mean", False), ctx.new(rows, stats, "layer_norm rstd", False))
     return out
 
 
