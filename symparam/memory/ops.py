@@ -207,12 +207,15 @@ def promote(*dtypes: str) -> str:
 
 
 def broadcast(ctx: Context, *shapes: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...]:
-    """NumPy broadcasting over symbolic sizes: equal sizes (as formulas or at the model's values), or one of them 1."""
+    """NumPy broadcasting over symbolic sizes: equal sizes (as formulas or at the model's values), or one of them 1 (as
+    a formula, or else at the model's values: an assumption of the formula)."""
     width = max(len(s) for s in shapes)
     padded = [(ONE,) * (width - len(s)) + tuple(s) for s in shapes]
     out = []
     for sizes in zip(*padded):
         big = [n for n in sizes if n != 1]
+        if any(not ctx.same(big[0], n) for n in big[1:]):
+            big = [n for n in big if not ctx.same(n, ONE)]
         if any(not ctx.same(big[0], n) for n in big[1:]):
             raise SymparamError(f"shapes {[list(s) for s in shapes]} do not broadcast")
         out.append(big[0] if big else ONE)
@@ -514,6 +517,15 @@ def index(ctx: Context, x: Value, idx: Value) -> Value:
     out = ctx.new(idx.shape + x.shape[1:], x.dtype, "index", x.grad)
     if x.grad:
         ctx.save(idx)
+    return out
+
+
+def index_add(ctx: Context, x: Value, dim: int, idx: Value, src: Value) -> Value:
+    """x.index_add(dim, idx, src): rows of src added into a copy of x at the indices; saves the indices and src (its
+    gradient, index_select(grad).expand_as(src), reads src)."""
+    out = ctx.new(x.shape, promote(x.dtype, src.dtype), "index_add", x.grad or src.grad)
+    if out.grad:
+        ctx.save(idx, src)
     return out
 
 
