@@ -207,12 +207,15 @@ def promote(*dtypes: str) -> str:
 
 
 def broadcast(ctx: Context, *shapes: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...]:
-    """NumPy broadcasting over symbolic sizes: equal sizes (as formulas or at the model's values), or one of them 1."""
+    """NumPy broadcasting over symbolic sizes: equal sizes (as formulas or at the model's values), or one of them 1 (as
+    a formula, or else at the model's values: an assumption of the formula)."""
     width = max(len(s) for s in shapes)
     padded = [(ONE,) * (width - len(s)) + tuple(s) for s in shapes]
     out = []
     for sizes in zip(*padded):
         big = [n for n in sizes if n != 1]
+        if any(not ctx.same(big[0], n) for n in big[1:]):
+            big = [n for n in big if not ctx.same(n, ONE)]
         if any(not ctx.same(big[0], n) for n in big[1:]):
             raise SymparamError(f"shapes {[list(s) for s in shapes]} do not broadcast")
         out.append(big[0] if big else ONE)
@@ -529,6 +532,15 @@ def index(ctx: Context, x: Value, idx: Value) -> Value:
     return out
 
 
+def index_add(ctx: Context, x: Value, dim: int, idx: Value, src: Value) -> Value:
+    """x.index_add(dim, idx, src): rows of src added into a copy of x at the indices; saves the indices and src (its
+    gradient, index_select(grad).expand_as(src), reads src)."""
+    out = ctx.new(x.shape, promote(x.dtype, src.dtype), "index_add", x.grad or src.grad)
+    if out.grad:
+        ctx.save(idx, src)
+    return out
+
+
 def topk(ctx: Context, x: Value, k: sp.Expr) -> tuple[Value, Value]:
     """The k largest along the last dimension: values and int64 indices; saves the indices for the gradient."""
     shape = x.shape[:-1] + (sp.sympify(k),)
@@ -617,12 +629,13 @@ def nll_loss(ctx: Context, logp: Value, target: Value) -> Value:
 
 
 def layer_norm(ctx: Context, x: Value, weight: Value | None, bias: Value | None) -> Value:
-    """torch.nn.functional.layer_norm over the last dimension: saves its input and the per-row mean and 1/std, which the
-    CPU kernel keeps in the input's dtype (fp32 only where a bf16/fp16 input meets fp32 parameters; CUDA's are fp32)."""
+    """torch.nn.functional.layer_norm over the last dimension: saves its input, weight and bias (activations only where
+    computed: Nemotron's weight + 1) and the per-row mean and 1/std, which the CPU kernel keeps in the input's dtype
+    (fp32 only where a bf16/fp16 input meets fp32 parameters; CUDA's are fp32)."""
     out = ctx.new(x.shape, x.dtype, "layer_norm", x.grad or bool(weight and weight.grad))
     rows = x.shape[:-1] + (ONE,)
     stats = "fp32" if x.dtype in ("bf16", "fp16") and weight is not None and weight.dtype == "fp32" else x.dtype
-    ctx.save(x, ctx.new(rows, stats, "layer_norm mean", False), ctx.new(rows, stats, "layer_norm rstd", False))
+    ctx.save(x, weight or None, bias or None, ctx.new(rows, stats, "layer_norm mean", False), ctx.new(rows, stats, "layer_norm rstd", False))
     return out
 
 

@@ -291,11 +291,12 @@ class Interpreter:
                 self.ctx.kinds.pop()
         return self.merge(results, variants.path)
 
-    def merge(self, results: list[Any], where: str) -> Any:
-        """Results of layer kinds that differ inside: one tensor per layer whatever its kind (shapes must agree)."""
+    def merge(self, results: list[Any], where: str, copies: tuple[sp.Expr, ...] | None = None) -> Any:
+        """Results of layer kinds that differ inside: one tensor per layer whatever its kind (shapes must agree); with
+        the kinds' `copies`, a result one kind passes through from before the split stands for those layers only."""
         first = results[0]
         if isinstance(first, tuple):
-            return tuple(self.merge([r[i] for r in results], where) for i in range(len(first)))
+            return tuple(self.merge([r[i] for r in results], where, copies) for i in range(len(first)))
         if not isinstance(first, Value):
             if any(r != first for r in results):
                 raise SymparamError(f"{where}: layer kinds return different values")
@@ -304,8 +305,11 @@ class Interpreter:
             raise SymparamError(f"{where}: layer kinds return tensors of different shapes")
         if len(results) == 1 or all(r.storage is first.storage for r in results):
             return first
-        merged = self.ctx.new(first.shape, first.dtype, "layer kinds", any(r.grad for r in results))
-        return replace(merged, storage=replace(merged.storage, kinds=tuple(r.storage for r in results)))
+        same = all(len(r.strides) == len(first.strides) and all(ops.identical(a, b) for a, b in zip(r.strides, first.strides)) for r in results)
+        merged = self.ctx.new(first.shape, first.dtype, "layer kinds", any(r.grad for r in results), first.strides if same else None)  # a layout every kind shares
+        outer = lambda r, n: n is not None and ops.identical(r.storage.copies, self.ctx.copies) and not ops.identical(n, self.ctx.copies)  # noqa: E731
+        parts = tuple(replace(r.storage, copies=n, partial=True) if outer(r, n) else r.storage for r, n in zip(results, copies or (None,) * len(results)))
+        return replace(merged, storage=replace(merged.storage, kinds=parts))
 
     # ------------------------------------------------------------ programs
 
@@ -399,7 +403,7 @@ class Frame:
         part = it.share(part) if it.share else part  # layer 0 run apart: the kind's layers in this run
         rest = sp.expand(self.copies - part)
         runs = [(part.xreplace(zeros), stmt.body), (rest.xreplace(zeros), stmt.orelse)]
-        results = []
+        results, kinds = [], []
         for copies, body in runs:
             if copies == 0 or (it.values and sp.sympify(copies).xreplace(it.values) == 0):
                 continue
@@ -413,6 +417,7 @@ class Frame:
                 self.copies, it.ctx.copies = outer
                 it.ctx.kinds.pop()
             results.append(local)
+            kinds.append(copies)
         if not results:  # the module is in no layer of this model
             return
         if len(results) == 1:
@@ -420,7 +425,7 @@ class Frame:
             return
         for name in set(results[0]) | set(results[1]):
             values = [r[name] for r in results if name in r]
-            scope[name] = values[0] if len(values) == 1 or values[0] is values[1] else it.merge(values, self.program.where)
+            scope[name] = values[0] if len(values) == 1 or values[0] is values[1] else it.merge(values, self.program.where, tuple(kinds))
 
     def repeat(self, stmt: ast.For, scope: dict[str, Any]) -> None:
         """`for i in range(n):` runs its body once, each allocation counted n times (the chunks of a chunked scan); a
@@ -744,6 +749,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "where": ops.where,
     "dropout": ops.dropout,
     "index": ops.index,
+    "index_add": lambda ctx, x, dim, idx, src: ops.index_add(ctx, x, int(dim), idx, src),
     "topk": ops.topk,
     "sort": ops.sort,
     "grouped_mm": ops.grouped_mm,
