@@ -206,6 +206,16 @@ def promote(*dtypes: str) -> str:
     return floats[0]
 
 
+def result_type(*values: Value) -> str:
+    """The dtype of an operation on tensors: a 0-dim tensor promotes like a scalar (only where it is floating and the
+    others are not), as torch.result_type does."""
+    dims = [v.dtype for v in values if v.shape]
+    zero = [v.dtype for v in values if not v.shape]
+    if dims and (all(t in FLOATS for t in dims) or not any(t in FLOATS for t in zero)):
+        return promote(*dims)
+    return promote(*dims, *zero)
+
+
 def broadcast(ctx: Context, *shapes: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...]:
     """NumPy broadcasting over symbolic sizes: equal sizes (as formulas or at the model's values), or one of them 1."""
     width = max(len(s) for s in shapes)
@@ -277,7 +287,7 @@ def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[s
     """PyTorch's computeStride over symbolic sizes: the strides of a view, or None where only a copy can reshape."""
     if ctx.contiguous(x):
         return dense(shape)
-    same = lambda a, b: identical(a, b, ctx.values)  # noqa: E731
+    same = ctx.same  # equal as formulas, or at the model's values (one head: h*S = S), which the formula then assumes
     new = [ONE] * len(shape)
     view_d = len(shape) - 1
     base = x.strides[-1]
@@ -285,7 +295,7 @@ def _view_strides(ctx: Context, x: Value, shape: tuple[sp.Expr, ...]) -> tuple[s
     for d in range(len(x.shape) - 1, -1, -1):
         tensor_numel = tensor_numel * x.shape[d]
         if d == 0 or (not ctx.unit(x.shape[d - 1]) and not same(x.strides[d - 1], tensor_numel * base)):
-            while view_d >= 0 and (not same(view_numel, tensor_numel) or shape[view_d] == 1):
+            while view_d >= 0 and (not same(view_numel, tensor_numel) or ctx.unit(shape[view_d])):
                 new[view_d] = view_numel * base
                 view_numel = view_numel * shape[view_d]
                 view_d -= 1
@@ -392,7 +402,7 @@ def binary(ctx: Context, op: str, a: Value | sp.Expr, b: Value | sp.Expr) -> Val
     it computes, div saves the divisor (and the dividend where the divisor needs a gradient)."""
     tensors = [v for v in (a, b) if isinstance(v, Value)]
     shape = broadcast(ctx, *(v.shape for v in tensors))
-    dtype = promote(*(v.dtype for v in tensors))
+    dtype = result_type(*tensors)
     grad = any(v.grad for v in tensors)
     lead = next((v for v in tensors if v.shape == shape), tensors[0])
     out = ctx.new(shape, dtype, op, grad, _layout_like(lead, shape))
@@ -575,8 +585,8 @@ def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, p:
 
 
 def baddbmm(ctx: Context, base: Value, a: Value, b: Value) -> Value:
-    """base + a @ b over a batch of matrices: saves each factor for the other's gradient."""
-    out = ctx.new(base.shape, base.dtype, "baddbmm", base.grad or a.grad or b.grad)
+    """base + a @ b over a batch of matrices (base broadcast to the product's shape): saves each factor for the other's gradient."""
+    out = ctx.new(broadcast(ctx, base.shape, a.shape[:-1] + b.shape[-1:]), base.dtype, "baddbmm", base.grad or a.grad or b.grad)
     ctx.save(b if a.grad else None, a if b.grad else None)
     return out
 
@@ -707,7 +717,7 @@ def extremum(ctx: Context, op: str, a: Value, b: Value) -> Value:
     """torch.minimum / torch.maximum of two tensors: saves both (the gradient goes where each is the extremum)."""
     shape = broadcast(ctx, a.shape, b.shape)
     lead = a if a.shape == shape else b
-    out = ctx.new(shape, promote(a.dtype, b.dtype), op, a.grad or b.grad, _layout_like(lead, shape))
+    out = ctx.new(shape, result_type(a, b), op, a.grad or b.grad, _layout_like(lead, shape))
     if a.grad or b.grad:
         ctx.save(a, b)
     return out

@@ -68,8 +68,9 @@ class Trace:
 @dataclass(frozen=True)
 class LayerCall:
     """A decoder-layer stack's run: its path, its layers, the storages standing for every layer's input (one, or the
-    first layer's and the others' where the layer's output has another dtype than its input), and which of the trace's
-    saves happened inside it."""
+    first layer's and the others' where the layer's output has another dtype than its input; then any tensor it gets
+    positionally, which non-reentrant checkpointing saves as it saves the input), and which of the trace's saves
+    happened inside it."""
 
     path: str
     layers: sp.Expr
@@ -255,6 +256,7 @@ class Interpreter:
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
             kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", layers - 1))
+        kept += tuple(v.storage for v in tree_values(args[1:]))  # tensors given positionally: checkpointing saves them too
         arguments = tuple(v.storage for v in tree_values(kwargs))
         self.layers.append(LayerCall(module.path, layers, kept, range(start, len(self.ctx.saved)), arguments))
         last = Storage(out.storage.numel, out.dtype, maker, "last layer output")
