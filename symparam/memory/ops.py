@@ -206,6 +206,16 @@ def promote(*dtypes: str) -> str:
     return floats[0]
 
 
+def result_type(*values: Value) -> str:
+    """The dtype of an operation on tensors: a 0-dim tensor promotes like a scalar (only where it is floating and the
+    others are not), as torch.result_type does."""
+    dims = [v.dtype for v in values if v.shape]
+    zero = [v.dtype for v in values if not v.shape]
+    if dims and (all(t in FLOATS for t in dims) or not any(t in FLOATS for t in zero)):
+        return promote(*dims)
+    return promote(*dims, *zero)
+
+
 def broadcast(ctx: Context, *shapes: tuple[sp.Expr, ...]) -> tuple[sp.Expr, ...]:
     """NumPy broadcasting over symbolic sizes: equal sizes (as formulas or at the model's values), or one of them 1 (as
     a formula, or else at the model's values: an assumption of the formula)."""
@@ -397,7 +407,7 @@ def binary(ctx: Context, op: str, a: Value | sp.Expr, b: Value | sp.Expr) -> Val
     it computes, div saves the divisor (and the dividend where the divisor needs a gradient)."""
     tensors = [v for v in (a, b) if isinstance(v, Value)]
     shape = broadcast(ctx, *(v.shape for v in tensors))
-    dtype = promote(*(v.dtype for v in tensors))
+    dtype = result_type(*tensors)
     grad = any(v.grad for v in tensors)
     lead = next((v for v in tensors if v.shape == shape), tensors[0])
     out = ctx.new(shape, dtype, op, grad, _layout_like(lead, shape))
@@ -599,8 +609,8 @@ def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, p:
 
 
 def baddbmm(ctx: Context, base: Value, a: Value, b: Value) -> Value:
-    """base + a @ b over a batch of matrices: saves each factor for the other's gradient."""
-    out = ctx.new(base.shape, base.dtype, "baddbmm", base.grad or a.grad or b.grad)
+    """base + a @ b over a batch of matrices (base broadcast to the product's shape): saves each factor for the other's gradient."""
+    out = ctx.new(broadcast(ctx, base.shape, a.shape[:-1] + b.shape[-1:]), base.dtype, "baddbmm", base.grad or a.grad or b.grad)
     ctx.save(b if a.grad else None, a if b.grad else None)
     return out
 
@@ -748,7 +758,7 @@ def extremum(ctx: Context, op: str, a: Value, b: Value) -> Value:
     """torch.minimum / torch.maximum of two tensors: saves both (the gradient goes where each is the extremum)."""
     shape = broadcast(ctx, a.shape, b.shape)
     lead = a if a.shape == shape else b
-    out = ctx.new(shape, promote(a.dtype, b.dtype), op, a.grad or b.grad, _layout_like(lead, shape))
+    out = ctx.new(shape, result_type(a, b), op, a.grad or b.grad, _layout_like(lead, shape))
     if a.grad or b.grad:
         ctx.save(a, b)
     return out

@@ -68,8 +68,9 @@ class Trace:
 @dataclass(frozen=True)
 class LayerCall:
     """A decoder-layer stack's run: its path, its layers, the storages standing for every layer's input (one, or the
-    first layer's and the others' where the layer's output has another dtype than its input), and which of the trace's
-    saves happened inside it."""
+    first layer's and the others' where the layer's output has another dtype than its input; then any tensor it gets
+    positionally, which non-reentrant checkpointing saves as it saves the input), and which of the trace's saves
+    happened inside it."""
 
     path: str
     layers: sp.Expr
@@ -180,7 +181,7 @@ class Interpreter:
                 out[child.key] = self.parametrized(child, value, module) if child.lora else value
             else:
                 layer_path = None if module.layer_path is None else (f"{module.layer_path}.{child.key}" if module.layer_path else child.key)
-                out[child.key] = Module(child, path, module.copies, layer_path)
+                out[child.key] = together(out.get(child.key), Module(child, path, module.copies, layer_path))
         return out
 
     def parameter(self, leaf: Term, path: str, stacked: sp.Expr) -> Value:
@@ -244,6 +245,10 @@ class Interpreter:
         found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}", n, child.key) for g, n in groups for child in g.children}
         slots = {slot: tuple(found[n, key] for n, key in variants if (n, key) in found) for slot, variants in term.code.slots}
         members = {key: m for (_, key), m in found.items()}
+        for g, n in groups:  # children sharing a key (an nn.Sequential's layers, indices left out): a tuple in module order
+            keys = [c.key for c in g.children]
+            for key in {k for k in keys if keys.count(k) > 1}:
+                members[key] = tuple(Module(c, f"{module.path}.{key}", n, key) for c in g.children if c.key == key)
         owners = ((source.module, ONE), (module.path, layers - 1)) if whole else ((source.module, layers),)
         inputs = Storage(x.storage.numel, x.dtype, module.path, "layer input", layers, owners=owners, covers=(source,))
         inner = Value(x.shape, ops.dense(x.shape), x.dtype, inputs, x.grad)
@@ -272,6 +277,7 @@ class Interpreter:
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
             kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", layers - 1))
+        kept += tuple(v.storage for v in tree_values(args[1:]))  # tensors given positionally: checkpointing saves them too
         arguments = tuple(v.storage for v in tree_values(kwargs))
         self.layers.append(LayerCall(module.path, layers, kept, range(start, len(self.ctx.saved)), arguments))
         last = Storage(out.storage.numel, out.dtype, maker, "last layer output")
@@ -640,6 +646,13 @@ def runtime_dtype(leaf: Term, act: str) -> str:
     """The dtype a parameter has while the model runs in `act`: float32 where the recipe says transformers keeps it so
     (from_pretrained's _keep_in_fp32_modules; peft's adapters), else the model's."""
     return "fp32" if leaf.dtype == "F32" else act
+
+
+def together(first: Any, module: Module) -> Any:
+    """A child module, or the tuple of those sharing its key (an nn.Sequential's layers, indices left out)."""
+    if first is None:
+        return module
+    return (*(first if isinstance(first, tuple) else (first,)), module)
 
 
 def tree_values(obj: Any) -> list[Value]:
