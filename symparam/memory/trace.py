@@ -509,7 +509,7 @@ class Frame:
         if key in self.it.slots:
             return Variants(key, self.it.slots[key])
         member = self.it.kinds.get(key) if not self.layer_path else None
-        if member is not None and member.term.is_leaf:  # a tensor the layer holds directly (Doge's residual weights)
+        if isinstance(member, Module) and member.term.is_leaf:  # a tensor the layer holds directly (Doge's residual weights)
             return self.it.parameter(member.term, member.path, ONE)
         return member
 
