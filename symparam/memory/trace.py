@@ -700,7 +700,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "log_softmax": lambda ctx, x, dim=-1, dtype=None: ops.softmax(ctx, x, dim, dtype, log=True),
     "mean": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "mean"),
     "sum": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "sum"),
-    "to": ops.to,
+    "to": lambda ctx, x, dtype, contiguous=False: ops.to(ctx, x, dtype, bool(contiguous)),
     "float": lambda ctx, x: ops.to(ctx, x, "fp32"),
     "view": lambda ctx, x, *shape: ops.view(ctx, x, _shape(shape)),
     "reshape": lambda ctx, x, *shape: ops.view(ctx, x, _shape(shape), copy_if_needed=True),
@@ -730,6 +730,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "mish": ops.unary("input", "mish"),
     "unsupported": _unsupported,
     "hold": _hold,
+    "solve_triangular": ops.solve_triangular,
     "baddbmm": lambda ctx, base, a, b, beta=1, alpha=1: ops.baddbmm(ctx, base, a, b),  # beta * base + alpha * (a @ b)
     "vector_norm": ops.vector_norm,
     "detach": ops.detach,
