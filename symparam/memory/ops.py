@@ -381,12 +381,16 @@ def contiguous(ctx: Context, x: Value) -> Value:
     return x if ctx.contiguous(x) else copy(ctx, x, "contiguous")
 
 
-def to(ctx: Context, x: Value, dtype: str) -> Value:
-    """A cast; to the dtype it has already, the same tensor."""
+def to(ctx: Context, x: Value, dtype: str, contiguous: bool = False) -> Value:
+    """A cast; to the dtype it has already, the same tensor. `contiguous`: memory_format=torch.contiguous_format, a
+    row-major result, which aliases x where x's dtype is already right and its suggested format is not channels-last
+    (a transposed tensor of up to three dimensions stays as it is)."""
     dtype = ctx.act if dtype == "act" else dtype
-    if dtype == x.dtype:
+    channels_last = len(x.shape) == 4 and _stride_order(x) == [1, 3, 2, 0]
+    if dtype == x.dtype and not (contiguous and channels_last):
         return x
-    return ctx.new(x.shape, dtype, f"to {dtype}", x.grad and dtype in FLOATS, _layout_like(x, x.shape))
+    layout = dense(x.shape) if contiguous else _layout_like(x, x.shape)
+    return ctx.new(x.shape, dtype, f"to {dtype}", x.grad and dtype in FLOATS, layout)
 
 
 def unary(save: str | None, name: str) -> Callable[[Context, Value], Value]:
@@ -606,6 +610,15 @@ def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, p:
         w = binary(ctx, "add", w, mask if mask.dtype != "bool" else ctx.new(mask.shape, q.dtype, "sdpa mask", False))
     w = dropout(ctx, softmax(ctx, w), p)
     return to(ctx, matmul(ctx, w, v), origin)
+
+
+def solve_triangular(ctx: Context, a: Value, b: Value) -> Value:
+    """torch.linalg.solve_triangular(a, b): x with a x = b, in b's shape; one backward formula for both inputs reads
+    a and the result, so it saves both."""
+    out = ctx.new(broadcast(ctx, a.shape[:-2], b.shape[:-2]) + b.shape[-2:], promote(a.dtype, b.dtype), "solve_triangular", a.grad or b.grad)
+    if a.grad or b.grad:
+        ctx.save(a, out)
+    return out
 
 
 def baddbmm(ctx: Context, base: Value, a: Value, b: Value) -> Value:

@@ -242,7 +242,8 @@ class Interpreter:
         """One run of the layer program over `layers` layers, each kind group with its copies."""
         term = module.term
         groups = [(g, n) for g, n in groups if n != 0]
-        found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}", n, child.key) for g, n in groups for child in g.children}
+        found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}" if child.key else module.path, n, child.key)  # key "": a whole layer class
+                 for g, n in groups for child in g.children}
         slots = {slot: tuple(found[n, key] for n, key in variants if (n, key) in found) for slot, variants in term.code.slots}
         members = {key: m for (_, key), m in found.items()}
         for g, n in groups:  # children sharing a key (an nn.Sequential's layers, indices left out): a tuple in module order
@@ -273,7 +274,7 @@ class Interpreter:
             maker = ran[0].module if len(ran) == 1 else maker
         if maker != module.path:
             inputs = replace(inputs, owners=tuple((maker if m == module.path else m, n) for m, n in inputs.owners))
-            self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
+        self.ctx.saved[:] = [(self.kind_inputs(s, inputs, source, maker, whole) if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
             kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", layers - 1))
@@ -282,6 +283,15 @@ class Interpreter:
         self.layers.append(LayerCall(module.path, layers, kept, range(start, len(self.ctx.saved)), arguments))
         last = Storage(out.storage.numel, out.dtype, maker, "last layer output")
         return replace(out, storage=last)
+
+    def kind_inputs(self, saved: Storage, inputs: Storage, source: Storage, maker: str, whole: bool) -> Storage:
+        """The layer input as a save made it: in every layer, or in the layers of one kind only (partial), which stand
+        for the embedding output where layer 0 is of that kind and for the other layers' outputs in the rest."""
+        if not saved.partial:
+            return inputs
+        first = self.first_layer(saved.copies) if whole else saved.copies
+        owners = ((source.module, first), (maker, sp.expand(saved.copies - first)))
+        return replace(inputs, copies=saved.copies, partial=True, owners=tuple((m, n) for m, n in owners if n != 0))
 
     def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
@@ -744,7 +754,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "mean": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "mean"),
     "sum": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "sum"),
     "logsumexp": lambda ctx, x, dim=-1, keepdim=False: ops.logsumexp(ctx, x, int(dim), bool(keepdim)),
-    "to": ops.to,
+    "to": lambda ctx, x, dtype, contiguous=False: ops.to(ctx, x, dtype, bool(contiguous)),
     "float": lambda ctx, x: ops.to(ctx, x, "fp32"),
     "view": lambda ctx, x, *shape: ops.view(ctx, x, _shape(shape)),
     "reshape": lambda ctx, x, *shape: ops.view(ctx, x, _shape(shape), copy_if_needed=True),
@@ -775,6 +785,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "mish": ops.unary("input", "mish"),
     "unsupported": _unsupported,
     "hold": _hold,
+    "solve_triangular": ops.solve_triangular,
     "baddbmm": lambda ctx, base, a, b, beta=1, alpha=1: ops.baddbmm(ctx, base, a, b),  # beta * base + alpha * (a @ b)
     "vector_norm": ops.vector_norm,
     "detach": ops.detach,
