@@ -274,7 +274,7 @@ class Interpreter:
             maker = ran[0].module if len(ran) == 1 else maker
         if maker != module.path:
             inputs = replace(inputs, owners=tuple((maker if m == module.path else m, n) for m, n in inputs.owners))
-        self.ctx.saved[:] = [(self.kind_inputs(s, inputs, source, maker, whole) if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
+        self.ctx.saved[:] = [(self.kind_inputs(s, inputs, source, maker, whole), m) for s, m in self.ctx.saved]
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
             kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", layers - 1))
@@ -285,8 +285,11 @@ class Interpreter:
         return replace(out, storage=last)
 
     def kind_inputs(self, saved: Storage, inputs: Storage, source: Storage, maker: str, whole: bool) -> Storage:
-        """The layer input as a save made it: in every layer, or in the layers of one kind only (partial), which stand
-        for the embedding output where layer 0 is of that kind and for the other layers' outputs in the rest."""
+        """The layer input as a save made it (also where it is one kind's part of a merged tensor): in every layer, or in
+        the layers of one kind only (partial), which stand for the embedding output where layer 0 is of that kind and
+        for the other layers' outputs in the rest."""
+        if saved.ident != inputs.ident:
+            return replace(saved, kinds=tuple(self.kind_inputs(k, inputs, source, maker, whole) for k in saved.kinds)) if saved.kinds else saved
         if not saved.partial:
             return inputs
         first = self.first_layer(saved.copies) if whole else saved.copies
