@@ -341,6 +341,7 @@ def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tenso
             return out
 
     def pack(t: torch.Tensor) -> torch.Tensor:
+        alive.append(t)  # held: a save whose node the forward drops must not free its address for a later save
         storage = local(t).untyped_storage()
         if storage.data_ptr() not in weights and storage.data_ptr() not in saved:
             saved[storage.data_ptr()] = (storage.nbytes(), created.get(storage.data_ptr(), "(inputs)"))
