@@ -657,8 +657,9 @@ class Frame:
 
 def runtime_dtype(leaf: Term, act: str) -> str:
     """The dtype a parameter has while the model runs in `act`: float32 where the recipe says transformers keeps it so
-    (from_pretrained's _keep_in_fp32_modules; peft's adapters), else the model's."""
-    return "fp32" if leaf.dtype == "F32" else act
+    (from_pretrained's _keep_in_fp32_modules; peft's adapters), else the model's; a tied copy is the tensor it shares
+    (an LM head kept in fp32 but tied to the embedding table is that table, in the model's dtype)."""
+    return "fp32" if leaf.dtype == "F32" and not leaf.tied else act
 
 
 def together(first: Any, module: Module) -> Any:
