@@ -628,6 +628,15 @@ def baddbmm(ctx: Context, base: Value, a: Value, b: Value) -> Value:
     return out
 
 
+def log_sigmoid(ctx: Context, x: Value) -> Value:
+    """torch.nn.functional.logsigmoid (log_sigmoid_forward): saves its input and the buffer the CPU kernel fills, of the
+    input's shape and dtype (CUDA's is empty)."""
+    out = ctx.new(x.shape, x.dtype, "logsigmoid", x.grad, _layout_like(x, x.shape))
+    if x.grad:
+        ctx.save(x, ctx.new(x.shape, x.dtype, "logsigmoid buffer", False))
+    return out
+
+
 def vector_norm(ctx: Context, x: Value, dim: int) -> Value:
     """torch.linalg.norm along one dimension: saves its input and result."""
     dim = int(dim) % len(x.shape)

@@ -792,6 +792,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "solve_triangular": ops.solve_triangular,
     "baddbmm": lambda ctx, base, a, b, beta=1, alpha=1: ops.baddbmm(ctx, base, a, b),  # beta * base + alpha * (a @ b)
     "vector_norm": ops.vector_norm,
+    "logsigmoid": ops.log_sigmoid,
     "detach": ops.detach,
     "cumsum": lambda ctx, x, dim=-1, dtype=None: ctx.new(x.shape, dtype or (x.dtype if x.dtype in ops.FLOATS else "int64"), "cumsum", x.grad),
     "convolution": lambda ctx, x, weight, bias=None, padding=0, groups=1: ops.conv1d(ctx, x, weight, bias or None, padding, groups),
