@@ -179,8 +179,8 @@ class Interpreter:
             if child.is_leaf:
                 value = self.parameter(child, path, module.term.times if routed else ONE)
                 out[child.key] = self.parametrized(child, value, module) if child.lora else value
-            elif not child.key:  # a group without a key of its own (RG-LRU's block-diagonal gates): its tensors are the module's, stacked
-                out.update({leaf.key: self.parameter(leaf, f"{path}{leaf.key}", child.times) for leaf in child.children if leaf.is_leaf})
+            elif not child.key and all(leaf.is_leaf for leaf in child.children):  # tensors grouped without a key (RG-LRU's gates): the module's, stacked
+                out.update({leaf.key: self.parameter(leaf, f"{path}{leaf.key}", child.times) for leaf in child.children})
             else:
                 layer_path = None if module.layer_path is None else (f"{module.layer_path}.{child.key}" if module.layer_path else child.key)
                 out[child.key] = together(out.get(child.key), Module(child, path, module.copies, layer_path))
