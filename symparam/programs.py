@@ -1,7 +1,7 @@
 """Forward programs: what a block's forward computes, written as a small, safe subset of Python (parsed, never run).
 
 A recipe block's `forward` (and a `[functions]` entry) is one `def` in the syntax transformers' modeling files use:
-assignments, `return`, `if`/`else`, `for i in range(n):`, calls of operations, child modules and functions,
+assignments, `return`, `if`/`else`, `for i in range(n):`, `with no_grad():`, calls of operations, child modules and functions,
 arithmetic on tensors and sizes.
 symparam.memory.trace interprets it over symbolic shapes; nothing here executes code.
 """
@@ -15,9 +15,9 @@ from functools import lru_cache
 from symparam.errors import SymparamError
 
 MAX_PROGRAM = 20_000  # characters: a forward is a few lines, a function a few dozen
-STATEMENTS = (ast.Assign, ast.Return, ast.If, ast.For, ast.Expr, ast.Pass)
+STATEMENTS = (ast.Assign, ast.Return, ast.If, ast.For, ast.Expr, ast.Pass, ast.With)
 EXPRESSIONS = (ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Call, ast.BinOp, ast.UnaryOp, ast.BoolOp,
-               ast.Compare, ast.IfExp, ast.Tuple, ast.List, ast.Slice, ast.keyword, ast.Load, ast.Store,
+               ast.Compare, ast.IfExp, ast.Tuple, ast.List, ast.Slice, ast.keyword, ast.Load, ast.Store, ast.withitem,
                ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.MatMult, ast.USub, ast.Not,
                ast.And, ast.Or, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Is, ast.IsNot)
 
@@ -70,6 +70,9 @@ def _compile(text: str, where: str) -> Program:
                                               and isinstance(node.iter.func, ast.Name) and node.iter.func.id == "range"
                                               and len(node.iter.args) == 1 and not node.orelse):
             raise SymparamError(f"{where}: line {node.lineno}: loops are `for i in range(count):` (no else)")
+        if isinstance(node, ast.With) and not (len(node.items) == 1 and node.items[0].optional_vars is None
+                                               and ast.dump(node.items[0].context_expr) == ast.dump(ast.parse("no_grad()", mode="eval").body)):
+            raise SymparamError(f"{where}: line {node.lineno}: the one context is `with no_grad():`")
         if isinstance(node, ast.Assign) and not all(isinstance(t, (ast.Name, ast.Tuple)) for t in node.targets):
             raise SymparamError(f"{where}: line {node.lineno}: assign to names")
     params = tuple(p.arg for p in a.args + a.kwonlyargs)

@@ -105,6 +105,7 @@ class Context:
     values: dict = field(default_factory=dict)  # the model's sizes (and S, B): sizes equal there may broadcast
     assumed: list = field(default_factory=list)  # equalities of sizes the trace relied on (h = h_kv)
     kinds: list = field(default_factory=list)  # layer kinds running now: (copies around them, their own copies)
+    grad_enabled: bool = True  # False inside `with no_grad():`: results need no gradient and nothing is saved
 
     def contiguous(self, x: Value) -> bool:
         """Whether x is laid out row-major, as PyTorch checks it (innermost first, each stride the product of the sizes
@@ -153,10 +154,12 @@ class Context:
         """A freshly allocated tensor (dense, or in the given layout)."""
         shape = tuple(sp.sympify(n) for n in shape)
         storage = Storage(sp.Mul(*shape), dtype, self.module, op, self.copies)
-        return Value(shape, tuple(strides) if strides is not None else dense(shape), dtype, storage, grad)
+        return Value(shape, tuple(strides) if strides is not None else dense(shape), dtype, storage, grad and self.grad_enabled)
 
     def save(self, *values: Value | None) -> None:
         """Record what backward keeps; a tensor every layer made, saved in the layers of one kind, is kept in those."""
+        if not self.grad_enabled:
+            return
         for v in values:
             if v is not None and not v.param:
                 storage = v.storage
@@ -377,6 +380,11 @@ def copy(ctx: Context, x: Value, op: str = "clone") -> Value:
     return ctx.new(x.shape, x.dtype, op, x.grad)
 
 
+def zeros_like(ctx: Context, x: Value) -> Value:
+    """torch.zeros_like: a new tensor of x's shape and dtype in x's layout (preserve_format), no gradient."""
+    return ctx.new(x.shape, x.dtype, "zeros_like", False, _layout_like(x, x.shape))
+
+
 def contiguous(ctx: Context, x: Value) -> Value:
     return x if ctx.contiguous(x) else copy(ctx, x, "contiguous")
 
@@ -487,6 +495,23 @@ def reduce(ctx: Context, x: Value, dim: int | Sequence[int] = -1, keepdim: bool 
     dims = {int(d) % len(x.shape) for d in (dim if isinstance(dim, (list, tuple)) else [dim])}
     shape = tuple(ONE if i in dims else n for i, n in enumerate(x.shape) if keepdim or i not in dims)
     return ctx.new(shape, x.dtype, op, x.grad)
+
+
+def var(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> Value:
+    """Tensor.var along dimensions (any correction): saves its input (var_backward reads it)."""
+    out = reduce(ctx, x, dim, keepdim, "var")
+    if x.grad:
+        ctx.save(x)
+    return out
+
+
+def log_sigmoid(ctx: Context, x: Value) -> Value:
+    """F.logsigmoid (log_sigmoid_forward): its result and, on CPU, a buffer of x's shape and dtype (CUDA's is empty);
+    saves x and the buffer."""
+    out = ctx.new(x.shape, x.dtype, "log_sigmoid", x.grad, _layout_like(x, x.shape))
+    if x.grad:
+        ctx.save(x, ctx.new(x.shape, x.dtype, "log_sigmoid buffer", False))
+    return out
 
 
 def logsumexp(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> Value:
@@ -625,15 +650,6 @@ def baddbmm(ctx: Context, base: Value, a: Value, b: Value) -> Value:
     """base + a @ b over a batch of matrices (base broadcast to the product's shape): saves each factor for the other's gradient."""
     out = ctx.new(broadcast(ctx, base.shape, a.shape[:-1] + b.shape[-1:]), base.dtype, "baddbmm", base.grad or a.grad or b.grad)
     ctx.save(b if a.grad else None, a if b.grad else None)
-    return out
-
-
-def log_sigmoid(ctx: Context, x: Value) -> Value:
-    """torch.nn.functional.logsigmoid (log_sigmoid_forward): saves its input and the buffer the CPU kernel fills, of the
-    input's shape and dtype (CUDA's is empty)."""
-    out = ctx.new(x.shape, x.dtype, "logsigmoid", x.grad, _layout_like(x, x.shape))
-    if x.grad:
-        ctx.save(x, ctx.new(x.shape, x.dtype, "logsigmoid buffer", False))
     return out
 
 

@@ -179,6 +179,8 @@ class Interpreter:
             if child.is_leaf:
                 value = self.parameter(child, path, module.term.times if routed else ONE)
                 out[child.key] = self.parametrized(child, value, module) if child.lora else value
+            elif not child.key and all(leaf.is_leaf for leaf in child.children):  # tensors grouped without a key (RG-LRU's gates): the module's, stacked
+                out.update({leaf.key: self.parameter(leaf, f"{path}{leaf.key}", child.times) for leaf in child.children})
             else:
                 layer_path = None if module.layer_path is None else (f"{module.layer_path}.{child.key}" if module.layer_path else child.key)
                 out[child.key] = together(out.get(child.key), Module(child, path, module.copies, layer_path))
@@ -218,6 +220,8 @@ class Interpreter:
             out = self.run_layers(module, program, first, at_zero, x, x.storage, args, kwargs, whole=False)
         finally:
             self.share = None
+        if isinstance(out, tuple):
+            raise SymparamError(f"{term.code.where}: layers returning several tensors behind a frozen input are not described")
         rest = [(g, sp.expand(g.times - n)) for g, n in first]
         if all(n == 0 or (self.values and sp.sympify(n).xreplace(self.values) == 0) for _, n in rest):
             return out
@@ -261,10 +265,16 @@ class Interpreter:
             out = self.execute(program, module.path, layers, [inner, *args[1:]], used, dict(term.code.env), {}, "", term.code.entries)
         finally:
             self.slots, self.kinds = outer_slots, outer_kinds
+        rest: tuple[Value, ...] = ()
+        if isinstance(out, tuple) and len(out) <= len(args) and all(isinstance(v, Value) for v in out):
+            out, rest = out[0], out[1:]  # a reversible layer's halves: each feeds the next layer's argument in its place
+            passed = {v.storage.ident for v in args[1:len(rest) + 1]}
+            if any(s.ident in passed for s, _ in self.ctx.saved[start:]):
+                raise SymparamError(f"{term.code.where}: a layer returning several tensors saves its later inputs, which only its first stands for in every layer")
         if not isinstance(out, Value):
-            raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor")
+            raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor, or one per leading argument")
         if out.storage.ident == inputs.ident:  # every layer passes its input through
-            return x
+            return (x, *rest) if rest else x
         maker = out.storage.module  # what makes a layer's output, and so the next layer's input: its residual add, or a post-norm
         ran = [k for k in out.storage.kinds if k.ident != inputs.ident]
         if len(ran) < len(out.storage.kinds):  # layers of a kind pass their input through (Mllama's cross-attention layers
@@ -282,6 +292,8 @@ class Interpreter:
         arguments = tuple(v.storage for v in tree_values(kwargs))
         self.layers.append(LayerCall(module.path, layers, kept, range(start, len(self.ctx.saved)), arguments))
         last = Storage(out.storage.numel, out.dtype, maker, "last layer output")
+        if rest:
+            return (replace(out, storage=last), *(replace(v, storage=Storage(v.storage.numel, v.dtype, v.storage.module, "last layer output")) for v in rest))
         return replace(out, storage=last)
 
     def kind_inputs(self, saved: Storage, inputs: Storage, source: Storage, maker: str, whole: bool) -> Storage:
@@ -391,6 +403,12 @@ class Frame:
             self.branch(stmt, scope)
         elif isinstance(stmt, ast.For):
             self.repeat(stmt, scope)
+        elif isinstance(stmt, ast.With):  # `with no_grad():` (programs.py allows no other context)
+            outer, self.it.ctx.grad_enabled = self.it.ctx.grad_enabled, False
+            try:
+                self.block(stmt.body, scope)
+            finally:
+                self.it.ctx.grad_enabled = outer
         elif isinstance(stmt, ast.Expr):
             self.eval(stmt.value, scope)
 
@@ -757,6 +775,8 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "log_softmax": lambda ctx, x, dim=-1, dtype=None: ops.softmax(ctx, x, dim, dtype, log=True),
     "mean": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "mean"),
     "sum": lambda ctx, x, dim=-1, keepdim=False: ops.reduce(ctx, x, dim, keepdim, "sum"),
+    "var": lambda ctx, x, dim=-1, keepdim=False: ops.var(ctx, x, dim, keepdim),
+    "logsigmoid": ops.log_sigmoid,
     "logsumexp": lambda ctx, x, dim=-1, keepdim=False: ops.logsumexp(ctx, x, int(dim), bool(keepdim)),
     "to": lambda ctx, x, dtype, contiguous=False: ops.to(ctx, x, dtype, bool(contiguous)),
     "float": lambda ctx, x: ops.to(ctx, x, "fp32"),
@@ -772,6 +792,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "chunk": lambda ctx, x, parts, dim=-1: ops.chunk(ctx, x, int(parts), int(dim)),
     "contiguous": ops.contiguous,
     "clone": ops.copy,
+    "zeros_like": ops.zeros_like,
     "cat": lambda ctx, values, dim=-1: ops.cat(ctx, list(values), int(dim)),
     "where": ops.where,
     "dropout": ops.dropout,
@@ -792,7 +813,6 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "solve_triangular": ops.solve_triangular,
     "baddbmm": lambda ctx, base, a, b, beta=1, alpha=1: ops.baddbmm(ctx, base, a, b),  # beta * base + alpha * (a @ b)
     "vector_norm": ops.vector_norm,
-    "logsigmoid": ops.log_sigmoid,
     "detach": ops.detach,
     "cumsum": lambda ctx, x, dim=-1, dtype=None: ctx.new(x.shape, dtype or (x.dtype if x.dtype in ops.FLOATS else "int64"), "cumsum", x.grad),
     "convolution": lambda ctx, x, weight, bias=None, padding=0, groups=1: ops.conv1d(ctx, x, weight, bias or None, padding, groups),
@@ -811,6 +831,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "scatter_": lambda ctx, x, dim, idx, src=None: ops.scatter_(ctx, x, int(dim), idx, src),
     "amax": lambda ctx, x, dim=-1, keepdim=False: ops.amax(ctx, x, int(dim), bool(keepdim)),
     "save_for_backward": ops.save_for_backward,
+    "requires_grad_": lambda ctx, x: replace(x, grad=True),  # a custom autograd Function's output, made without autograd
     "view_as_complex": ops.view_as_complex,
     "view_as_real": ops.view_as_real,
     "repeat": lambda ctx, x, *times: ops.repeat(ctx, x, *_shape(times)),
