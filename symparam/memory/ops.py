@@ -646,6 +646,20 @@ def solve_triangular(ctx: Context, a: Value, b: Value) -> Value:
     return out
 
 
+def forward_substitution(ctx: Context, a: Value) -> Value:
+    """The rows of [..., n, n] matrices remade one at a time in place, as the reference chunked delta rules invert
+    their unit lower-triangular systems (`for i in range(1, n)`: `row, sub = a[..., i, :i].clone(), a[..., :i,
+    :i].clone()`, `a[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)`): each step's product saves both clones,
+    i + i^2 elements per matrix for i = 1 .. n - 1; the writes into views of a save nothing."""
+    n = a.shape[-1]
+    if a.grad:
+        matrices = sp.Mul(*a.shape[:-2])
+        rows = ctx.new((matrices * n * (n - 1) / 2,), a.dtype, "forward substitution rows", False)
+        blocks = ctx.new((matrices * (n - 1) * n * (2 * n - 1) / 6,), a.dtype, "forward substitution blocks", False)
+        ctx.save(rows, blocks)
+    return a
+
+
 def baddbmm(ctx: Context, base: Value, a: Value, b: Value) -> Value:
     """base + a @ b over a batch of matrices (base broadcast to the product's shape): saves each factor for the other's gradient."""
     out = ctx.new(broadcast(ctx, base.shape, a.shape[:-1] + b.shape[-1:]), base.dtype, "baddbmm", base.grad or a.grad or b.grad)

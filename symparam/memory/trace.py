@@ -811,6 +811,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "unsupported": _unsupported,
     "hold": _hold,
     "solve_triangular": ops.solve_triangular,
+    "forward_substitution": ops.forward_substitution,
     "baddbmm": lambda ctx, base, a, b, beta=1, alpha=1: ops.baddbmm(ctx, base, a, b),  # beta * base + alpha * (a @ b)
     "vector_norm": ops.vector_norm,
     "detach": ops.detach,
