@@ -16,6 +16,8 @@ A family may add hints in tests/families/<family>.toml, each optional:
     [follow]    head_dim = "qk_rope_head_dim"  # random configs copy the other key's value into this one (what the library's
                                      # config derives and a saved config.json carries: DeepSeek's head_dim)
     [symbolic]  idle = "formula"     # parameters no token ever uses (what active leaves out even when k = n)
+    [points]    chunks = [[1, 130]]  # test_activations: more (B, S) for the library-default config, past what a fixed
+                                     # length makes regimes of (a CPU rule scanning whole chunks of 64 tokens)
     [oracle]    routed = "regex"     # which tensors are routed experts (default \.experts\.); experts / per_token: n and k keys
 Multimodal wrappers have their hints in tests/wrappers.toml.
 """

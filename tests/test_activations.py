@@ -23,7 +23,7 @@ from symparam.memory.trace import Mode
 from symparam.recipes import REGISTRY
 from symparam.symbols import B, S
 
-from families import random_config, tiny_config
+from families import hints, random_config, tiny_config
 from oracle import checkpointable, saved_bytes
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -73,6 +73,14 @@ def compare(config: dict[str, Any], dtype: str, attention: str, checkpointing: b
 @pytest.mark.parametrize("family", FAMILIES)
 def test_activations_equal_what_autograd_saves(family: str, mode: str) -> None:
     compare(tiny_config(family), *MODES[mode])
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if hints(f).get("points")])
+def test_long_regimes(family: str) -> None:
+    """Lengths a family's hints name beyond the modes' (a chunked scan over one, two and more chunks: each chunk after
+    the first saves the state the one before it made)."""
+    for points in hints(family)["points"].values():
+        compare(tiny_config(family), "bf16", "sdpa", False, tuple(tuple(p) for p in points))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
