@@ -245,41 +245,43 @@ class Interpreter:
                    args: list[Any], kwargs: dict[str, Any], whole: bool = True) -> Value:
         """One run of the layer program over `layers` layers, each kind group with its copies."""
         term = module.term
+        runs = module.copies  # the stack's runs in one forward (1; more where a program calls it in a loop)
         groups = [(g, n) for g, n in groups if n != 0]
-        found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}" if child.key else module.path, n, child.key)  # key "": a whole layer class
+        found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}" if child.key else module.path, runs * n, child.key)  # key "": a whole layer class
                  for g, n in groups for child in g.children}
         slots = {slot: tuple(found[n, key] for n, key in variants if (n, key) in found) for slot, variants in term.code.slots}
         members = {key: m for (_, key), m in found.items()}
         for g, n in groups:  # children sharing a key (an nn.Sequential's layers, indices left out): a tuple in module order
             keys = [c.key for c in g.children]
             for key in {k for k in keys if keys.count(k) > 1}:
-                members[key] = tuple(Module(c, f"{module.path}.{key}", n, key) for c in g.children if c.key == key)
-        owners = ((source.module, ONE), (module.path, layers - 1)) if whole else ((source.module, layers),)
-        inputs = Storage(x.storage.numel, x.dtype, module.path, "layer input", layers, owners=owners, covers=(source,))
+                members[key] = tuple(Module(c, f"{module.path}.{key}", runs * n, key) for c in g.children if c.key == key)
+        owners = ((source.module, runs), (module.path, runs * (layers - 1))) if whole else ((source.module, runs * layers),)
+        inputs = Storage(x.storage.numel, x.dtype, module.path, "layer input", runs * layers, owners=owners, covers=(source,))
         inner = Value(x.shape, ops.dense(x.shape), x.dtype, inputs, x.grad)
         outer_slots, outer_kinds = self.slots, self.kinds
         self.slots, self.kinds = slots, members
         start = len(self.ctx.saved)
         used = kwargs if program.kwargs else {k: v for k, v in kwargs.items() if k in program.params}  # a layer ignores what it does not read
+        states = {j: Storage(a.storage.numel, a.dtype, module.path, "layer state", runs * (layers - 1)) for j, a in enumerate(args[1:]) if isinstance(a, Value)}
+        given = [replace(a, storage=states[j]) if j in states else a for j, a in enumerate(args[1:])]  # a state from the layer before, if it returns one
         try:
-            out = self.execute(program, module.path, layers, [inner, *args[1:]], used, dict(term.code.env), {}, "", term.code.entries)
+            out = self.execute(program, module.path, runs * layers, [inner, *given], used, dict(term.code.env), {}, "", term.code.entries)
         finally:
             self.slots, self.kinds = outer_slots, outer_kinds
-        rest: tuple[Value, ...] = ()
-        if isinstance(out, tuple) and len(out) <= len(args) and all(isinstance(v, Value) for v in out):
-            out, rest = out[0], out[1:]  # a reversible layer's halves: each feeds the next layer's argument in its place
-            passed = {v.storage.ident for v in args[1:len(rest) + 1]}
-            if any(s.ident in passed for s, _ in self.ctx.saved[start:]):
-                raise SymparamError(f"{term.code.where}: a layer returning several tensors saves its later inputs, which only its first stands for in every layer")
+        out, carried = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+        for j, state in states.items():  # a layer returning (x, state, ...) hands each later result to the next layer's argument in
+            c = carried[j] if j < len(carried) else None  # its place (ZAYA's router state, Reformer's second half): what layers
+            states[j] = replace(state, module=c.storage.module) if isinstance(c, Value) else args[1 + j].storage  # after the first take; else the same tensor every layer
+            self.ctx.saved[:] = [(states[j] if s.ident == state.ident else s, m) for s, m in self.ctx.saved]
         if not isinstance(out, Value):
-            raise SymparamError(f"{term.code.where}: a decoder layer returns one tensor, or one per leading argument")
+            raise SymparamError(f"{term.code.where}: a decoder layer returns a tensor (and the tensors it hands on)")
         if out.storage.ident == inputs.ident:  # every layer passes its input through
-            return (x, *rest) if rest else x
+            return (x, *carried) if carried else x
         maker = out.storage.module  # what makes a layer's output, and so the next layer's input: its residual add, or a post-norm
         ran = [k for k in out.storage.kinds if k.ident != inputs.ident]
         if len(ran) < len(out.storage.kinds):  # layers of a kind pass their input through (Mllama's cross-attention layers
-            runs = sp.Add(*(k.copies for k in ran))  # without an image): each layer that runs takes the last one's output
-            inputs = replace(inputs, copies=runs, owners=((source.module, ONE), (module.path, runs - 1)) if whole else ((source.module, runs),))
+            ran_n = sp.Add(*(k.copies for k in ran))  # without an image): each layer that runs takes the last one's output
+            inputs = replace(inputs, copies=ran_n, owners=((source.module, runs), (module.path, ran_n - runs)) if whole else ((source.module, ran_n),))
             self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
             maker = ran[0].module if len(ran) == 1 else maker
         if maker != module.path:
@@ -287,13 +289,13 @@ class Interpreter:
         self.ctx.saved[:] = [(self.kind_inputs(s, inputs, source, maker, whole), m) for s, m in self.ctx.saved]
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
-            kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", layers - 1))
-        kept += tuple(v.storage for v in tree_values(args[1:]))  # tensors given positionally: checkpointing saves them too
+            kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", runs * (layers - 1)))
+        kept += tuple(states[j] if j in states else v.storage for j, a in enumerate(args[1:]) for v in tree_values(a))  # tensors given positionally: checkpointing saves them too
         arguments = tuple(v.storage for v in tree_values(kwargs))
-        self.layers.append(LayerCall(module.path, layers, kept, range(start, len(self.ctx.saved)), arguments))
-        last = Storage(out.storage.numel, out.dtype, maker, "last layer output")
-        if rest:
-            return (replace(out, storage=last), *(replace(v, storage=Storage(v.storage.numel, v.dtype, v.storage.module, "last layer output")) for v in rest))
+        self.layers.append(LayerCall(module.path, runs * layers, kept, range(start, len(self.ctx.saved)), arguments))
+        last = Storage(out.storage.numel, out.dtype, maker, "last layer output", runs)
+        if carried:
+            return (replace(out, storage=last), *(replace(c, storage=Storage(c.storage.numel, c.dtype, c.storage.module, "last layer state", runs)) if isinstance(c, Value) else c for c in carried))
         return replace(out, storage=last)
 
     def kind_inputs(self, saved: Storage, inputs: Storage, source: Storage, maker: str, whole: bool) -> Storage:
@@ -345,8 +347,9 @@ class Interpreter:
     # ------------------------------------------------------------ programs
 
     def execute(self, program: Program, path: str, copies: sp.Expr, args: list[Any], kwargs: dict[str, Any],
-                env: dict[str, Any], children: dict[str, Any], layer_path: str | None, declared: tuple[str, ...] = ()) -> Any:
-        """Run one program in a module's frame: its allocations are that module's, repeated `copies` times."""
+                env: dict[str, Any], children: dict[str, Any], layer_path: str | None, declared: tuple[str, ...] = (), loop: sp.Expr = ONE) -> Any:
+        """Run one program in a module's frame: its allocations are that module's, repeated `copies` times (`loop` of
+        them the iterations of loops it is called in, which the modules it calls run too)."""
         if len(args) > len(program.params):
             raise SymparamError(f"{program.where}: {program.name} takes {len(program.params)} argument(s), given {len(args)}")
         scope = dict(zip(program.params, args))
@@ -358,6 +361,7 @@ class Interpreter:
             elif not program.kwargs:
                 raise SymparamError(f"{program.where}: {program.name} has no parameter {name!r}")
         frame = Frame(self, path, copies, env, children, layer_path, program, declared)
+        frame.loop = loop
         for name in program.params:
             if name not in scope:
                 if name not in program.defaults:
@@ -381,6 +385,7 @@ class Frame:
                  layer_path: str | None, program: Program, declared: tuple[str, ...] = ()):
         self.it, self.path, self.copies, self.env, self.children = it, path, copies, env, children
         self.layer_path, self.program = layer_path, program
+        self.loop = ONE  # the iterations of the loops this code runs in: a module it calls runs once per iteration
         self.declared = set(declared)  # entries of the block the config does not build
 
     def fail(self, node: ast.AST, message: str) -> SymparamError:
@@ -471,13 +476,14 @@ class Frame:
         if count == 0 or (self.it.values and count.xreplace(self.it.values) == 0):
             return
         it = self.it
-        outer = (self.copies, it.ctx.copies)
+        outer = (self.copies, it.ctx.copies, self.loop)
         self.copies = it.ctx.copies = self.copies * count
+        self.loop = self.loop * count
         scope[stmt.target.id] = sp.Symbol(stmt.target.id, integer=True, nonnegative=True)
         try:
             self.block(stmt.body, scope)
         finally:
-            self.copies, it.ctx.copies = outer
+            self.copies, it.ctx.copies, self.loop = outer
 
     def truth(self, value: Any, node: ast.AST) -> bool:
         """A condition's truth; one on sizes is decided by the model's values (and S, B) and remembered as an assumption
@@ -538,7 +544,12 @@ class Frame:
         """A module of the layer stack by its path in the layer: a slot of variants, or a member."""
         key = f"{self.layer_path}.{name}" if self.layer_path else name
         if key in self.it.slots:
-            return Variants(key, self.it.slots[key])
+            found = self.it.slots[key]
+            if found and all(m.term.is_leaf for m in found):  # a tensor some layers hold (ZAYA's router-state scale): its value
+                inside = self.it.ctx.kinds[-1][1] if self.it.ctx.kinds else None
+                m = next((m for m in found if inside is not None and ops.identical(m.copies, inside)), found[0])
+                return self.it.parameter(m.term, m.path, ONE)
+            return Variants(key, found)
         member = self.it.kinds.get(key) if not self.layer_path else None
         if isinstance(member, Module) and member.term.is_leaf:  # a tensor the layer holds directly (Doge's residual weights)
             return self.it.parameter(member.term, member.path, ONE)
@@ -645,13 +656,15 @@ class Frame:
         if isinstance(target, Absent):
             return args[0] if args else None  # a module the config does not build passes its input through
         if isinstance(target, Module):
+            if self.loop != ONE:  # called in a loop: once per iteration
+                target = replace(target, copies=sp.expand(target.copies * self.loop))
             return self.it.call_module(target, args, kwargs)
         if isinstance(target, Variants):
             return self.it.call_variants(target, args, kwargs)
         if target in self.it.model.recipe.functions:
             text = self.it.model.recipe.functions[target]
             program = compile_program(text, f"{self.it.model.recipe.source}: [functions] {target}")
-            return self.it.execute(program, self.path, self.copies, args, kwargs, self.env, self.children, self.layer_path, tuple(self.declared))
+            return self.it.execute(program, self.path, self.copies, args, kwargs, self.env, self.children, self.layer_path, tuple(self.declared), self.loop)
         if target in OPERATIONS:
             return self.op(target, args, kwargs, node)
         raise self.fail(node, f"{ast.unparse(node.func)} is not a module, function or operation")
@@ -763,7 +776,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "matmul": ops.matmul,
     "embedding": ops.embedding,
     **{n: ops.unary("input", n) for n in ("silu", "gelu", "gelu_tanh", "log", "abs", "softplus", "sin", "cos", "erf", "square")},
-    **{n: ops.unary("output", n) for n in ("relu", "sigmoid", "tanh", "exp", "rsqrt", "sqrt")},
+    **{n: ops.unary("output", n) for n in ("relu", "sigmoid", "tanh", "exp", "rsqrt", "sqrt", "reciprocal")},
     "neg": ops.unary(None, "neg"),
     "pow": lambda ctx, x, e: ops.unary("input", "pow")(ctx, x),
     "add": lambda ctx, a, b: ops.binary(ctx, "add", a, b),
