@@ -305,7 +305,7 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     `modules`, symparam's modules; "(inputs)" for the batch)."""
     model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True), nf4)
     if attention != model.config._attn_implementation and model._supports_sdpa and not model._can_set_attn_implementation():
-        model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True), nf4, attention)  # Falcon: set at build only
+        model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True), nf4, attention)  # Falcon
     if attention == "eager" or model.config._attn_implementation == "sdpa":
         model.set_attn_implementation(attention)
     if checkpointing:

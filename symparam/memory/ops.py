@@ -535,7 +535,7 @@ def dropout(ctx: Context, x: Value, p: float) -> Value:
 
 
 def index(ctx: Context, x: Value, idx: Value, dim: int = 0) -> Value:
-    """x[idx] along the first dimension (or x[..., idx, ...] along `dim`, a list of indices there): a copy; saves the indices."""
+    """x[idx] along the first dimension, or along `dim` (x[..., [i], ...]): a copy; saves the indices."""
     dim = int(dim) % len(x.shape)
     out = ctx.new(x.shape[:dim] + idx.shape + x.shape[dim + 1:], x.dtype, "index", x.grad)
     if x.grad:
