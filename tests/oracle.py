@@ -258,17 +258,17 @@ def keep_fp32(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 @functools.cache
-def trained_model(config_json: str, dtype: str, lora_json: str = "null", nf4: bool = False) -> nn.Module:
+def trained_model(config_json: str, dtype: str, lora_json: str = "null", nf4: bool = False, attention: str = "sdpa") -> nn.Module:
     """The tiny random transformers model of a config on CPU, built in `dtype` as from_pretrained(dtype=...) builds it
-    (modules transformers keeps in float32 stay so), in training mode, once; with peft's LoRA adapters where
-    `lora_json` gives a LoraConfig's arguments."""
+    (modules transformers keeps in float32 stay so), with `attention` where it has that path, in training mode, once;
+    with peft's LoRA adapters where `lora_json` gives a LoraConfig's arguments."""
     import transformers
 
     torch.manual_seed(0)
     cfg = hf_config(json.loads(config_json))
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     try:
-        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch_dtype)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attention, dtype=torch_dtype)
     except ValueError:  # a model without an sdpa path (OpenAI GPT, CTRL, RWKV) runs its own attention in every mode
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch_dtype)
     keep_fp32(model, torch_dtype)
@@ -304,6 +304,8 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
     excluded, attributed to the module whose forward allocated it (layer indices left out; folded up to the nearest of
     `modules`, symparam's modules; "(inputs)" for the batch)."""
     model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True), nf4)
+    if attention != model.config._attn_implementation and model._supports_sdpa and not model._can_set_attn_implementation():
+        model = trained_model(json.dumps(config, sort_keys=True), dtype, json.dumps(lora, sort_keys=True), nf4, attention)  # Falcon
     if attention == "eager" or model.config._attn_implementation == "sdpa":
         model.set_attn_implementation(attention)
     if checkpointing:

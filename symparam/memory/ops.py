@@ -563,9 +563,10 @@ def dropout(ctx: Context, x: Value, p: float) -> Value:
     return binary(ctx, "mul", x, noise)
 
 
-def index(ctx: Context, x: Value, idx: Value) -> Value:
-    """x[idx] along the first dimension: saves the indices."""
-    out = ctx.new(idx.shape + x.shape[1:], x.dtype, "index", x.grad)
+def index(ctx: Context, x: Value, idx: Value, dim: int = 0) -> Value:
+    """x[idx] along the first dimension, or along `dim` (x[..., [i], ...]): a copy; saves the indices."""
+    dim = int(dim) % len(x.shape)
+    out = ctx.new(x.shape[:dim] + idx.shape + x.shape[dim + 1:], x.dtype, "index", x.grad)
     if x.grad:
         ctx.save(idx)
     return out
@@ -620,14 +621,15 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
     return out
 
 
-def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, p: float = 0) -> Value:
+def sdpa_math(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None, p: float = 0, gqa: bool = True) -> Value:
     """PyTorch's reference attention (`_scaled_dot_product_attention_math`), where no fused kernel applies (on CPU: a
     value head size unlike the key's, attention dropout): q, k, v upcast to fp32 where they are bf16/fp16 (measured),
-    key and value heads repeated for grouped queries (enable_gqa), q and k^T each scaled by sqrt(scale), scores (the
-    mask added), softmax, dropout, weighted values cast back; autograd keeps what those ops save."""
+    key and value heads repeated for grouped queries (enable_gqa; gqa=False: a caller without it, whose single key and
+    value head the matmuls broadcast), q and k^T each scaled by sqrt(scale), scores (the mask added), softmax, dropout,
+    weighted values cast back; autograd keeps what those ops save."""
     origin = q.dtype
     q, k, v = (to(ctx, t, "fp32") if t.dtype in ("bf16", "fp16") else t for t in (q, k, v))
-    if not ctx.same(k.shape[-3], q.shape[-3]):  # enable_gqa: each key/value head repeated for its query heads
+    if gqa and not ctx.same(k.shape[-3], q.shape[-3]):  # enable_gqa: each key/value head repeated for its query heads
         k, v = (repeat_interleave(ctx, t, q.shape[-3] / k.shape[-3], -3) for t in (k, v))
     q = binary(ctx, "mul", q, sp.Symbol("scale"))
     w = matmul(ctx, q, binary(ctx, "mul", transpose(ctx, k, -2, -1), sp.Symbol("scale")))
