@@ -277,7 +277,8 @@ class Interpreter:
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
             kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", layers - 1))
-        kept += tuple(v.storage for v in tree_values(args[1:]))  # tensors given positionally: checkpointing saves them too
+        kept += tuple(v.storage for v in args[1:] if isinstance(v, Value))  # tensors given positionally: checkpointing saves
+        # them too (not those inside a tuple, such as a layer's rotary tables: torch saves only tensor arguments)
         arguments = tuple(v.storage for v in tree_values(kwargs))
         self.layers.append(LayerCall(module.path, layers, kept, range(start, len(self.ctx.saved)), arguments))
         last = Storage(out.storage.numel, out.dtype, maker, "last layer output")
@@ -357,6 +358,7 @@ class Frame:
         self.it, self.path, self.copies, self.env, self.children = it, path, copies, env, children
         self.layer_path, self.program = layer_path, program
         self.declared = set(declared)  # entries of the block the config does not build
+        self.loops = ONE  # inside `for i in range(n):` bodies, n of each: a module called there runs that many times
 
     def fail(self, node: ast.AST, message: str) -> SymparamError:
         return SymparamError(f"{self.program.where}: line {getattr(node, 'lineno', '?')}: {message}")
@@ -440,13 +442,14 @@ class Frame:
         if count == 0 or (self.it.values and count.xreplace(self.it.values) == 0):
             return
         it = self.it
-        outer = (self.copies, it.ctx.copies)
+        outer = (self.copies, it.ctx.copies, self.loops)
         self.copies = it.ctx.copies = self.copies * count
+        self.loops = self.loops * count
         scope[stmt.target.id] = sp.Symbol(stmt.target.id, integer=True, nonnegative=True)
         try:
             self.block(stmt.body, scope)
         finally:
-            self.copies, it.ctx.copies = outer
+            self.copies, it.ctx.copies, self.loops = outer
 
     def truth(self, value: Any, node: ast.AST) -> bool:
         """A condition's truth; one on sizes is decided by the model's values (and S, B) and remembered as an assumption
@@ -614,7 +617,7 @@ class Frame:
         if isinstance(target, Absent):
             return args[0] if args else None  # a module the config does not build passes its input through
         if isinstance(target, Module):
-            return self.it.call_module(target, args, kwargs)
+            return self.it.call_module(replace(target, copies=target.copies * self.loops), args, kwargs)
         if isinstance(target, Variants):
             return self.it.call_variants(target, args, kwargs)
         if target in self.it.model.recipe.functions:
@@ -794,6 +797,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "scatter": lambda ctx, x, dim, idx, src=None: ops.scatter(ctx, x, int(dim), idx, src),
     "scatter_": lambda ctx, x, dim, idx, src=None: ops.scatter_(ctx, x, int(dim), idx, src),
     "amax": lambda ctx, x, dim=-1, keepdim=False: ops.amax(ctx, x, int(dim), bool(keepdim)),
+    "std": lambda ctx, x, dim=-1, keepdim=False: ops.std(ctx, x, int(dim), bool(keepdim)),
     "save_for_backward": ops.save_for_backward,
     "view_as_complex": ops.view_as_complex,
     "view_as_real": ops.view_as_real,
