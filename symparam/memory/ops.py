@@ -760,6 +760,14 @@ def amax(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> Value:
     return out
 
 
+def std(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> Value:
+    """x.std(dim), any correction: saves its input and result (std_backward)."""
+    out = reduce(ctx, x, dim, keepdim, "std")
+    if x.grad:
+        ctx.save(x, out)
+    return out
+
+
 def gather(ctx: Context, x: Value, dim: int, idx: Value) -> Value:
     """torch.gather: values of x at the indices along `dim`, in the indices' shape; saves x and the indices (measured)."""
     out = ctx.new(idx.shape, x.dtype, "gather", x.grad)

@@ -290,7 +290,8 @@ class Interpreter:
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
             kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", runs * (layers - 1)))
-        kept += tuple(states[j] if j in states else v.storage for j, a in enumerate(args[1:]) for v in tree_values(a))  # tensors given positionally: checkpointing saves them too
+        kept += tuple(states[j] if j in states else a.storage for j, a in enumerate(args[1:]) if isinstance(a, Value))  # tensors given positionally:
+        # checkpointing saves them too (not those inside a tuple, such as a layer's rotary tables: torch saves only tensor arguments)
         arguments = tuple(v.storage for v in tree_values(kwargs))
         self.layers.append(LayerCall(module.path, runs * layers, kept, range(start, len(self.ctx.saved)), arguments))
         last = Storage(out.storage.numel, out.dtype, maker, "last layer output", runs)
@@ -844,6 +845,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "scatter": lambda ctx, x, dim, idx, src=None: ops.scatter(ctx, x, int(dim), idx, src),
     "scatter_": lambda ctx, x, dim, idx, src=None: ops.scatter_(ctx, x, int(dim), idx, src),
     "amax": lambda ctx, x, dim=-1, keepdim=False: ops.amax(ctx, x, int(dim), bool(keepdim)),
+    "std": lambda ctx, x, dim=-1, keepdim=False: ops.std(ctx, x, int(dim), bool(keepdim)),
     "save_for_backward": ops.save_for_backward,
     "requires_grad_": lambda ctx, x: replace(x, grad=True),  # a custom autograd Function's output, made without autograd
     "view_as_complex": ops.view_as_complex,
