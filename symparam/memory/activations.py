@@ -118,7 +118,11 @@ def once(saves: list[Storage]) -> list[Storage]:
     for entries in found.values():
         whole = next((s for s in entries if not s.partial), None)
         kinds = list(dict.fromkeys(s.copies for s in entries))
-        out.append(whole or replace(entries[0], copies=sp.Add(*kinds), partial=False))
+        parts = {s.copies: s.owners for s in entries}  # a layer input saved by kinds: what each kind's layers stand for
+        owners: dict[str, sp.Expr] = {}
+        for module, n in (o for group in parts.values() for o in group):
+            owners[module] = sp.expand(owners.get(module, sp.Integer(0)) + n)
+        out.append(whole or replace(entries[0], copies=sp.Add(*kinds), partial=False, owners=tuple(owners.items())))
     return out
 
 

@@ -128,6 +128,7 @@ class Interpreter:
         self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
         self.share: Callable[[sp.Expr], sp.Expr] | None = None  # a run of part of a stack: a layer count -> its layers in the run
+        self.layer_values: Any = None  # the config's values, for which layers a layer-count symbol selects
 
     # ------------------------------------------------------------ entry
 
@@ -178,7 +179,7 @@ class Interpreter:
             path = f"{module.path}.{child.key}" if module.path else child.key
             if child.is_leaf:
                 value = self.parameter(child, path, module.term.times if routed else ONE)
-                out[child.key] = self.parametrized(child, value, module) if child.lora else value
+                out[child.key] = together(out.get(child.key), self.parametrized(child, value, module) if child.lora else value)
             else:
                 layer_path = None if module.layer_path is None else (f"{module.layer_path}.{child.key}" if module.layer_path else child.key)
                 out[child.key] = together(out.get(child.key), Module(child, path, module.copies, layer_path))
@@ -231,18 +232,52 @@ class Interpreter:
 
     def first_layer(self, count: sp.Expr) -> sp.Expr:
         """1 if layer 0 is among the layers a count stands for (N, N_dense, N - N_linear, ...), else 0."""
+        return self.at_layer(count, 0)
+
+    def at_layer(self, count: sp.Expr, i: int) -> sp.Expr:
+        """1 if layer i is among the layers a count stands for, else 0."""
         from symparam.config import Values
 
-        values = Values(self.model.recipe, self.model.config, {})
-        at_zero = {make(name): sp.Integer(int(values.mask(name)[0])) for name in self.model.recipe.layer_symbols if make(name) in count.free_symbols}
-        return sp.sympify(count).xreplace({**at_zero, make("N"): ONE})
+        if self.layer_values is None:
+            self.layer_values = Values(self.model.recipe, self.model.config, {})
+        at = {make(name): sp.Integer(int(self.layer_values.mask(name)[i])) for name in self.model.recipe.layer_symbols if make(name) in sp.sympify(count).free_symbols}
+        return sp.sympify(count).xreplace({**at, make("N"): ONE})
+
+    def input_owners(self, copies: sp.Expr, source: Storage, kinds: list[Storage]) -> tuple[tuple[str, sp.Expr], ...]:
+        """Who made the inputs of the layers a count stands for, where the layer kinds' outputs come from different
+        modules (Zamba's hybrid layers end in their Mamba layer): layer 0's is the source, every other layer's the
+        output of the layer before it, made by that layer's kind (counted at the config; the last module takes the rest)."""
+        first = self.first_layer(copies)
+        counts: dict[str, int] = {}
+        for i in range(1, int(self.layer_values.get("N"))):
+            if self.at_layer(copies, i) == 1:
+                before = next(k.module for k in kinds if self.at_layer(k.copies, i - 1) == 1)
+                counts[before] = counts.get(before, 0) + 1
+        named = list(counts)[:-1]
+        owners = [(source.module, first), *((m, sp.Integer(counts[m])) for m in named)]
+        if counts:
+            owners.append((list(counts)[-1], sp.expand(copies - first - sum(counts[m] for m in named))))
+        return tuple((m, n) for m, n in owners if n != 0)
+
+    def kind_inputs(self, saved: Storage, inputs: Storage, source: Storage, maker: str, kinds: list[Storage], whole: bool) -> Storage:
+        """The layer input as a save made it: in every layer, or in the layers of one kind only (partial), which stand
+        for the embedding output where layer 0 is of that kind and for the outputs of the layers before them in the rest."""
+        if not saved.partial:
+            return inputs
+        if whole and len({k.module for k in kinds}) > 1:
+            owners = self.input_owners(saved.copies, source, kinds)
+        else:
+            first = self.first_layer(saved.copies) if whole else saved.copies
+            owners = tuple((m, n) for m, n in ((source.module, first), (maker, sp.expand(saved.copies - first))) if n != 0)
+        return replace(inputs, copies=saved.copies, partial=True, owners=owners)
 
     def run_layers(self, module: Module, program: Program, groups: list[tuple[Term, sp.Expr]], layers: sp.Expr, x: Value, source: Storage,
                    args: list[Any], kwargs: dict[str, Any], whole: bool = True) -> Value:
         """One run of the layer program over `layers` layers, each kind group with its copies."""
         term = module.term
         groups = [(g, n) for g, n in groups if n != 0]
-        found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}", n, child.key) for g, n in groups for child in g.children}
+        found = {(g.times, child.key): Module(child, f"{module.path}.{child.key}" if child.key else module.path, n, child.key)  # key "": a whole layer class
+                 for g, n in groups for child in g.children}
         slots = {slot: tuple(found[n, key] for n, key in variants if (n, key) in found) for slot, variants in term.code.slots}
         members = {key: m for (_, key), m in found.items()}
         for g, n in groups:  # children sharing a key (an nn.Sequential's layers, indices left out): a tuple in module order
@@ -273,7 +308,10 @@ class Interpreter:
             maker = ran[0].module if len(ran) == 1 else maker
         if maker != module.path:
             inputs = replace(inputs, owners=tuple((maker if m == module.path else m, n) for m, n in inputs.owners))
-            self.ctx.saved[:] = [(inputs if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
+        kinds = [k for k in out.storage.allocated() if k.ident != inputs.ident]
+        if whole and len({k.module for k in kinds}) > 1:  # each layer's input is the output of the layer before it
+            inputs = replace(inputs, owners=self.input_owners(inputs.copies, source, kinds))
+        self.ctx.saved[:] = [(self.kind_inputs(s, inputs, source, maker, kinds, whole) if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
             kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", layers - 1))
@@ -648,11 +686,11 @@ def runtime_dtype(leaf: Term, act: str) -> str:
     return "fp32" if leaf.dtype == "F32" else act
 
 
-def together(first: Any, module: Module) -> Any:
-    """A child module, or the tuple of those sharing its key (an nn.Sequential's layers, indices left out)."""
+def together(first: Any, child: Any) -> Any:
+    """A child (module or tensor), or the tuple of those sharing its key (an nn.Sequential's layers, indices left out)."""
     if first is None:
-        return module
-    return (*(first if isinstance(first, tuple) else (first,)), module)
+        return child
+    return (*(first if isinstance(first, tuple) else (first,)), child)
 
 
 def tree_values(obj: Any) -> list[Value]:
@@ -758,7 +796,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "chunk": lambda ctx, x, parts, dim=-1: ops.chunk(ctx, x, int(parts), int(dim)),
     "contiguous": ops.contiguous,
     "clone": ops.copy,
-    "cat": lambda ctx, values, dim=-1: ops.cat(ctx, list(values), int(dim)),
+    "cat": lambda ctx, values, dim=-1, count=None: ops.cat(ctx, list(values), int(dim), count),
     "where": ops.where,
     "dropout": ops.dropout,
     "index": ops.index,
