@@ -311,7 +311,12 @@ class Interpreter:
         kinds = [k for k in out.storage.allocated() if k.ident != inputs.ident]
         if whole and len({k.module for k in kinds}) > 1:  # each layer's input is the output of the layer before it
             inputs = replace(inputs, owners=self.input_owners(inputs.copies, source, kinds))
-        self.ctx.saved[:] = [(self.kind_inputs(s, inputs, source, maker, kinds, whole) if s.ident == inputs.ident else s, m) for s, m in self.ctx.saved]
+        def relabel(s: Storage) -> Storage:  # the layer input wherever a save holds it, inside tensors merged from kinds too
+            if s.ident == inputs.ident:
+                return self.kind_inputs(s, inputs, source, maker, kinds, whole)
+            return replace(s, kinds=tuple(relabel(k) for k in s.kinds)) if s.kinds else s
+
+        self.ctx.saved[:] = [(relabel(s), m) for s, m in self.ctx.saved]
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
             kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", layers - 1))
