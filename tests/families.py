@@ -13,8 +13,9 @@ A family may add hints in tests/families/<family>.toml, each optional:
                 shapes = "why"       # ... and the activation sizes it traces (a module run c times traced as one tensor)
     [assume]    "rule" = "why"       # random configs must satisfy these rules over the config (relations transformers does not check)
     [multiples] hidden_size = 8      # random configs scale these drawn sizes by this (kernels that need aligned rows)
-    [follow]    head_dim = "qk_rope_head_dim"  # random configs copy the other key's value into this one (what the library's
-                                     # config derives and a saved config.json carries: DeepSeek's head_dim)
+    [follow]    head_dim = "qk_rope_head_dim"  # random configs copy the other key's value (or a rule's over the config:
+                                     # "2 * hidden_size") into this one (what the library's config derives and a saved
+                                     # config.json carries: DeepSeek's head_dim)
     [symbolic]  idle = "formula"     # parameters no token ever uses (what active leaves out even when k = n)
     [points]    chunks = [[1, 130]]  # test_activations: more (B, S) for the library-default config, past what a fixed
                                      # length makes regimes of (a CPU rule scanning whole chunks of 64 tokens)
@@ -177,8 +178,8 @@ def random_config(draw, family: str) -> dict[str, Any]:
         if type(values.get(key)) is int:
             values[key] *= factor
     values |= hint.get("fixed", {})
-    for key, source in hint.get("follow", {}).items():
-        values[key] = values.get(source, read(source))
+    for key, source in hint.get("follow", {}).items():  # another key's value, or a rule's over the config drawn so far
+        values[key] = compile_rule(source, f"tests/families/{family}.toml [follow]")(lookup_in(set_keys(base, values)))
     config = {k: v for k, v in set_keys(base, values).items() if not (k in per_layer and values[k] is None)}
     for rule in hint.get("assume", {}):
         assume(compile_rule(rule, f"tests/families/{family}.toml [assume]")(lookup_in(config)))

@@ -524,10 +524,12 @@ def logsumexp(ctx: Context, x: Value, dim: int = -1, keepdim: bool = False) -> V
     return out
 
 
-def cat(ctx: Context, values: Sequence[Value], dim: int = -1) -> Value:
+def cat(ctx: Context, values: Sequence[Value], dim: int = -1, count: sp.Expr | None = None) -> Value:
+    """torch.cat along `dim`, of the values or of `count` tensors shaped like values[0] (a loop's outputs, one per
+    iteration); nothing saved."""
     dim = dim % len(values[0].shape)
     shape = list(values[0].shape)
-    shape[dim] = sp.Add(*(v.shape[dim] for v in values))
+    shape[dim] = values[0].shape[dim] * sp.sympify(count) if count is not None else sp.Add(*(v.shape[dim] for v in values))
     return ctx.new(shape, promote(*(v.dtype for v in values)), "cat", any(v.grad for v in values))
 
 

@@ -128,6 +128,7 @@ class Interpreter:
         self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
         self.share: Callable[[sp.Expr], sp.Expr] | None = None  # a run of part of a stack: a layer count -> its layers in the run
+        self.layer_values: Any = None  # the config's values, for which layers a layer-count symbol selects
 
     # ------------------------------------------------------------ entry
 
@@ -178,7 +179,7 @@ class Interpreter:
             path = f"{module.path}.{child.key}" if module.path else child.key
             if child.is_leaf:
                 value = self.parameter(child, path, module.term.times if routed else ONE)
-                out[child.key] = self.parametrized(child, value, module) if child.lora else value
+                out[child.key] = together(out.get(child.key), self.parametrized(child, value, module) if child.lora else value)
             elif not child.key and all(leaf.is_leaf for leaf in child.children):  # tensors grouped without a key (RG-LRU's gates): the module's, stacked
                 out.update({leaf.key: self.parameter(leaf, f"{path}{leaf.key}", child.times) for leaf in child.children})
             else:
@@ -235,11 +236,44 @@ class Interpreter:
 
     def first_layer(self, count: sp.Expr) -> sp.Expr:
         """1 if layer 0 is among the layers a count stands for (N, N_dense, N - N_linear, ...), else 0."""
+        return self.at_layer(count, 0)
+
+    def at_layer(self, count: sp.Expr, i: int) -> sp.Expr:
+        """1 if layer i is among the layers a count stands for, else 0."""
         from symparam.config import Values
 
-        values = Values(self.model.recipe, self.model.config, {})
-        at_zero = {make(name): sp.Integer(int(values.mask(name)[0])) for name in self.model.recipe.layer_symbols if make(name) in count.free_symbols}
-        return sp.sympify(count).xreplace({**at_zero, make("N"): ONE})
+        if self.layer_values is None:
+            self.layer_values = Values(self.model.recipe, self.model.config, {})
+        at = {make(name): sp.Integer(int(self.layer_values.mask(name)[i])) for name in self.model.recipe.layer_symbols if make(name) in sp.sympify(count).free_symbols}
+        return sp.sympify(count).xreplace({**at, make("N"): ONE})
+
+    def input_owners(self, copies: sp.Expr, source: Storage, kinds: list[Storage]) -> tuple[tuple[str, sp.Expr], ...]:
+        """Who made the inputs of the layers a count stands for, where the layer kinds' outputs come from different
+        modules (Zamba's hybrid layers end in their Mamba layer): layer 0's is the source, every other layer's the
+        output of the layer before it, made by that layer's kind (counted at the config; the last module takes the rest)."""
+        first = self.first_layer(copies)
+        counts: dict[str, int] = {}
+        for i in range(1, int(self.layer_values.get("N"))):
+            if self.at_layer(copies, i) == 1:
+                before = next(k.module for k in kinds if self.at_layer(k.copies, i - 1) == 1)
+                counts[before] = counts.get(before, 0) + 1
+        named = list(counts)[:-1]
+        owners = [(source.module, first), *((m, sp.Integer(counts[m])) for m in named)]
+        if counts:
+            owners.append((list(counts)[-1], sp.expand(copies - first - sum(counts[m] for m in named))))
+        return tuple((m, n) for m, n in owners if n != 0)
+
+    def kind_inputs(self, saved: Storage, inputs: Storage, source: Storage, maker: str, kinds: list[Storage], whole: bool) -> Storage:
+        """The layer input as a save made it: in every layer, or in the layers of one kind only (partial), which stand
+        for the embedding output where layer 0 is of that kind and for the outputs of the layers before them in the rest."""
+        if not saved.partial:
+            return inputs
+        if whole and len({k.module for k in kinds}) > 1:
+            owners = self.input_owners(saved.copies, source, kinds)
+        else:
+            first = self.first_layer(saved.copies) if whole else saved.copies
+            owners = tuple((m, n) for m, n in ((source.module, first), (maker, sp.expand(saved.copies - first))) if n != 0)
+        return replace(inputs, copies=saved.copies, partial=True, owners=owners)
 
     def run_layers(self, module: Module, program: Program, groups: list[tuple[Term, sp.Expr]], layers: sp.Expr, x: Value, source: Storage,
                    args: list[Any], kwargs: dict[str, Any], whole: bool = True) -> Value:
@@ -286,7 +320,15 @@ class Interpreter:
             maker = ran[0].module if len(ran) == 1 else maker
         if maker != module.path:
             inputs = replace(inputs, owners=tuple((maker if m == module.path else m, n) for m, n in inputs.owners))
-        self.ctx.saved[:] = [(self.kind_inputs(s, inputs, source, maker, whole), m) for s, m in self.ctx.saved]
+        kinds = [k for k in out.storage.allocated() if k.ident != inputs.ident]
+        if whole and len({k.module for k in kinds}) > 1:  # each layer's input is the output of the layer before it
+            inputs = replace(inputs, owners=self.input_owners(inputs.copies, source, kinds))
+        def relabel(s: Storage) -> Storage:  # the layer input wherever a save holds it, inside tensors merged from kinds too
+            if s.ident == inputs.ident:
+                return self.kind_inputs(s, inputs, source, maker, kinds, whole)
+            return replace(s, kinds=tuple(relabel(k) for k in s.kinds)) if s.kinds else s
+
+        self.ctx.saved[:] = [(relabel(s), m) for s, m in self.ctx.saved]
         kept = (inputs,)
         if out.dtype != x.dtype and whole:  # layers after the first receive the output's dtype (Mamba's fp32 residual)
             kept = (x.storage, Storage(x.storage.numel, out.dtype, maker, "layer input", runs * (layers - 1)))
@@ -298,18 +340,6 @@ class Interpreter:
         if carried:
             return (replace(out, storage=last), *(replace(c, storage=Storage(c.storage.numel, c.dtype, c.storage.module, "last layer state", runs)) if isinstance(c, Value) else c for c in carried))
         return replace(out, storage=last)
-
-    def kind_inputs(self, saved: Storage, inputs: Storage, source: Storage, maker: str, whole: bool) -> Storage:
-        """The layer input as a save made it (also where it is one kind's part of a merged tensor): in every layer, or in
-        the layers of one kind only (partial), which stand for the embedding output where layer 0 is of that kind and
-        for the other layers' outputs in the rest."""
-        if saved.ident != inputs.ident:
-            return replace(saved, kinds=tuple(self.kind_inputs(k, inputs, source, maker, whole) for k in saved.kinds)) if saved.kinds else saved
-        if not saved.partial:
-            return inputs
-        first = self.first_layer(saved.copies) if whole else saved.copies
-        owners = ((source.module, first), (maker, sp.expand(saved.copies - first)))
-        return replace(inputs, copies=saved.copies, partial=True, owners=tuple((m, n) for m, n in owners if n != 0))
 
     def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
@@ -694,11 +724,11 @@ def runtime_dtype(leaf: Term, act: str) -> str:
     return "fp32" if leaf.dtype == "F32" and not leaf.tied else act
 
 
-def together(first: Any, module: Module) -> Any:
-    """A child module, or the tuple of those sharing its key (an nn.Sequential's layers, indices left out)."""
+def together(first: Any, child: Any) -> Any:
+    """A child (module or tensor), or the tuple of those sharing its key (an nn.Sequential's layers, indices left out)."""
     if first is None:
-        return module
-    return (*(first if isinstance(first, tuple) else (first,)), module)
+        return child
+    return (*(first if isinstance(first, tuple) else (first,)), child)
 
 
 def tree_values(obj: Any) -> list[Value]:
@@ -807,7 +837,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "contiguous": ops.contiguous,
     "clone": ops.copy,
     "zeros_like": ops.zeros_like,
-    "cat": lambda ctx, values, dim=-1: ops.cat(ctx, list(values), int(dim)),
+    "cat": lambda ctx, values, dim=-1, count=None: ops.cat(ctx, list(values), int(dim), count),
     "where": ops.where,
     "dropout": ops.dropout,
     "index": ops.index,
