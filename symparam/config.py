@@ -367,6 +367,9 @@ class Values:
             value = self.mask(symbol).count(True)
         elif s.each is not None:
             value = self.per_layer(symbol)
+        elif s.routing is not None:  # a routing statistic: the value its rule gives over the other symbols
+            rule = compile_rule(s.routing, f"{self.recipe.source}: [symbols] {symbol}.routing")
+            value = _check(self.recipe, symbol, f"{symbol} ({s.routing})", rule(lambda name: self.get(name) if name in self.recipe.symbols else self.read(name)))
         else:
             key = next((k for k in s.keys if self.read(k) is not None), None)
             listed = self.listed_length(symbol)

@@ -30,6 +30,8 @@ class SymbolDef:
     zh: str = ""  # the meaning in Chinese, for derivations in zh
     each: str | None = None  # read per layer: a rule over the config and layer index i (a size that is listed per layer)
     over: str | None = None  # the layer-count symbol whose layers share the value read by `each` (default: every layer)
+    routing: str | None = None  # a statistic of the batch's routing, not of the config: a rule over other symbols giving
+    # the value figures take unless --set gives another (its largest, the most memory it can cost)
 
 
 TABLE: tuple[SymbolDef, ...] = (

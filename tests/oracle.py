@@ -312,10 +312,38 @@ def saved_bytes(config: dict[str, Any], dtype: str = "bf16", attention: str = "s
         model.gradient_checkpointing_enable()
     else:
         model.gradient_checkpointing_disable()
-    generator = torch.Generator().manual_seed(batch * 1000 + seq)
-    ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq), generator=generator)
-    saved = saved_by_creator(model, ids)
+    saved = saved_by_creator(model, batch_ids(model, batch, seq))
     return by_module(saved, modules, lambda creator: normal(peft_name(creator)))
+
+
+def batch_ids(model: Any, batch: int, seq: int) -> torch.Tensor:
+    """The token ids of the batch a test runs at (B, S): random, the same for every run at that point."""
+    generator = torch.Generator().manual_seed(batch * 1000 + seq)
+    return torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq), generator=generator)
+
+
+def routing_statistics(config: dict[str, Any], dtype: str, batch: int, seq: int, spec: dict[str, dict[str, Any]]) -> dict[str, Fraction]:
+    """What the router decided in the forward saved_bytes runs at (B, S) (the same model and ids), for each statistic of
+    `spec` (symbol -> {module, output, below}): over every call of the modules whose name ends with `module`, the mean
+    per row of its output `output` of the entries below the config's `below` (LongCat-Flash's real experts among k picks)."""
+    model = trained_model(json.dumps(config, sort_keys=True), dtype)
+    found: dict[str, list[int]] = {name: [0, 0] for name in spec}  # entries counted, rows seen
+    hooks = []
+    for name, module in model.named_modules():
+        for symbol, s in spec.items():
+            if normal(name).endswith(s["module"]):
+                def record(m, args, out, symbol=symbol, s=s):
+                    picks = out[s["output"]]
+                    found[symbol][0] += int((picks < config[s["below"]]).sum())
+                    found[symbol][1] += picks.shape[0]
+                hooks.append(module.register_forward_hook(record))
+    try:
+        with torch.no_grad():
+            model(input_ids=batch_ids(model, batch, seq))
+    finally:
+        for h in hooks:
+            h.remove()
+    return {symbol: Fraction(count, rows) for symbol, (count, rows) in found.items()}
 
 
 def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict[int, tuple[int, str]]:

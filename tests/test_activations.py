@@ -21,10 +21,10 @@ from symparam.config import as_subs
 from symparam.memory.activations import activations, checked_families
 from symparam.memory.trace import Mode
 from symparam.recipes import REGISTRY
-from symparam.symbols import B, S
+from symparam.symbols import B, S, make
 
 from families import hints, random_config, tiny_config
-from oracle import checkpointable, saved_bytes
+from oracle import checkpointable, routing_statistics, saved_bytes
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -54,8 +54,12 @@ def compare(config: dict[str, Any], dtype: str, attention: str, checkpointing: b
             activations(model, mode, "full", {B: points[0][0], S: points[0][1]})
         return
     derived = []  # a formula holds where the conditions its branches took do (B = 1 or not, S <= W or not)
+    routing = hints(model.recipe.family).get("routing")  # statistics of the router's decisions, measured in the same forward
     for batch, seq in points:
         subs = {**as_subs(model.values), B: sp.Integer(batch), S: sp.Integer(seq)}
+        if routing:
+            subs |= {make(k): sp.Rational(v.numerator, v.denominator)
+                     for k, v in routing_statistics(config, dtype, batch, seq, routing).items()}
         found = next((a for a in derived if all(bool(c.xreplace(subs)) for c in a.assumed)), None)
         if found is None:
             found = activations(model, mode, "full" if checkpointing else "none", {B: batch, S: seq})

@@ -12,7 +12,7 @@ from symparam.context import holders, substitution
 from symparam.errors import SymparamError
 from symparam.figures import decimal
 from symparam.model import Model
-from symparam.symbols import B, S, W, b, evaluate
+from symparam.symbols import B, S, W, b, evaluate, make
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def report(model: Model, dtype_name: str = "bf16", seq: int | None = None, batch
 def step_report(model: Model, dtype_name: str, subs: dict, train: Train, layout: Any = None) -> dict[str, Any]:
     """The training step's figures (training.py): activations per module, the terms, and the peak, each with its formula.
     With LoRA and a stored layout (--quant nf4: QLoRA), the frozen base is held in that format."""
-    from symparam.memory.activations import CHECKPOINTING
+    from symparam.memory.activations import CHECKPOINTING, routed
     from symparam.memory.trace import Mode
     from symparam.memory.training import optimizer, training
 
@@ -184,6 +184,7 @@ def step_report(model: Model, dtype_name: str, subs: dict, train: Train, layout:
                       f"each storage once, parameters excluded, fp32 upcasts (norms, softmax, the loss's fp32 logits) included; {CHECKPOINTING[train.checkpointing]}",
         "assumes": [str(c) for c in step.assumed],
         "kernels": [{"module": m, "note": n} for m, n in a.kernels],
+        "routing": [{"symbol": s.name, "meaning": s.meaning, "value": exact(make(s.name)), "rule": s.routing} for s in routed(model, a.formula)],
         "parts": [{"module": p.module, "layers": exact(p.layers), "bytes": exact(p.total), "per_layer_bytes": exact(p.bytes),
                    "formula": str(p.total)} for p in a.parts if exact(p.total)],
     }
@@ -257,6 +258,8 @@ def step_lines(r: dict[str, Any]) -> list[str]:
     lines += [f"{pad}{p['module'] or '(loss)':<{width}} {p['bytes']:>18,}" + (f"  = {p['layers']:,} layers x {p['per_layer_bytes']:,}" if p["layers"] != 1 else "")
               for p in a["parts"]]
     lines += [f"{pad}{k['module']}: {k['note']}" for k in a["kernels"]]
+    lines += [f"{pad}{x['symbol']} = {x['value']:,}: {x['meaning']}; the figure takes {x['rule']}, its largest (the most the step can "
+              f"keep); the formula holds for any routing with the batch's own value (--set {x['symbol']}=...)" for x in a["routing"]]
     for name, label in (("weights", "weights"), ("gradients", "gradients"), ("optimizer_states", "optimizer states")):
         lines.append(row(f"  {label}", t["parts"][name]) + f"    = {t['parts'][name]['formula']}")
     lines.append(row("  sum", t) + "    = weights + gradients + optimizer states + activations")

@@ -137,6 +137,13 @@ def parts(storages: Iterable[Storage]) -> tuple[Part, ...]:
     return tuple(Part(m, n, sp.expand(b), tuple(dict.fromkeys(ops))) for (m, n), (b, ops) in sums.items())
 
 
+def routed(model, formula: sp.Expr) -> tuple:
+    """The routing statistics a formula reads: symbols the router decides, not the config (`routing` in the recipe),
+    whose figures take the value their rule gives (the largest) unless --set gives another."""
+    free = {str(s) for s in sp.sympify(formula).free_symbols}
+    return tuple(s for s in model.recipe.symbols.values() if s.routing and s.name in free)
+
+
 def activations(model, mode: Mode = Mode(), checkpointing: str = "none", context: dict | None = None) -> Activations:
     """The activation memory of a configured model under a mode; `context` holds S and B where a branch needs them."""
     t = checked_trace(model, mode, context)
@@ -145,4 +152,4 @@ def activations(model, mode: Mode = Mode(), checkpointing: str = "none", context
     return Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
 
 
-__all__ = ["CHECKPOINTING", "checked_families", "checked_trace", "Part", "Activations", "kept", "parts", "activations"]
+__all__ = ["CHECKPOINTING", "checked_families", "checked_trace", "Part", "Activations", "kept", "parts", "routed", "activations"]

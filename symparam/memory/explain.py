@@ -10,7 +10,7 @@ import sympy as sp
 
 from symparam.components import walk
 from symparam.config import as_subs
-from symparam.memory.activations import CHECKPOINTING
+from symparam.memory.activations import CHECKPOINTING, routed
 from symparam.memory.trace import Mode
 from symparam.memory.training import optimizer, training
 from symparam.symbols import B, S, evaluate, make
@@ -74,6 +74,7 @@ class MemoryDerivation:
     gpt3_value: int
     layer_value: int  # this model's bytes in its most common layer, at the values
     kernels: tuple[tuple[str, str], ...]
+    routing: tuple[tuple[sp.Symbol, int, str], ...] = ()  # routing statistics the formula reads: (symbol, value taken, its rule)
     rank: Any = None  # RankDerivation: the most loaded GPU under a parallel layout, where one is given
 
 
@@ -132,7 +133,8 @@ def memory_derivation(model: Any, seq: int, batch: int, dtype: str = "bf16", att
     terms = tuple(Term(k, e, at(e)) for k, e in (("weights", step.weights), ("gradients", step.gradients), ("optimizer_states", step.states), ("loss_peak", step.loss_peak)))
     rank = None if layout is None else rank_derivation(model, layout, dtype, {B: batch, S: seq}, Train(optimizer_name, attention, checkpointing))
     return MemoryDerivation(seq, batch, step.act, attention, checkpointing, opt.title, step.assumed, rows, by_layers, a.formula, at(a.formula),
-                            terms, peak_at, peak, peak_value, gpt3, gpt3_layer, at(gpt3_layer), at(kinds.get(layers, sp.Integer(0))), a.kernels, rank)
+                            terms, peak_at, peak, peak_value, gpt3, gpt3_layer, at(gpt3_layer), at(kinds.get(layers, sp.Integer(0))), a.kernels,
+                            tuple((make(s.name), at(make(s.name)), s.routing) for s in routed(model, a.formula)), rank)
 
 
 __all__ = ["MemoryDerivation", "RankDerivation", "memory_derivation", "rank_derivation", "GPT3_BLOCKS", "CHECKPOINTING"]

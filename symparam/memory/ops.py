@@ -565,19 +565,22 @@ def dropout(ctx: Context, x: Value, p: float) -> Value:
     return binary(ctx, "mul", x, noise)
 
 
-def index(ctx: Context, x: Value, idx: Value, dim: int = 0) -> Value:
-    """x[idx] along the first dimension, or along `dim` (x[..., [i], ...]): a copy; saves the indices."""
+def index(ctx: Context, x: Value, idx: Value | Sequence[Value], dim: int = 0) -> Value:
+    """x[idx] along the first dimension, or along `dim` (x[..., [i], ...]): a copy; saves the indices. A sequence of
+    index tensors indexes as many dimensions at once (x[rows, cols]: one result per index position), saving each."""
+    indices = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
     dim = int(dim) % len(x.shape)
-    out = ctx.new(x.shape[:dim] + idx.shape + x.shape[dim + 1:], x.dtype, "index", x.grad)
+    out = ctx.new(x.shape[:dim] + indices[0].shape + x.shape[dim + len(indices):], x.dtype, "index", x.grad)
     if x.grad:
-        ctx.save(idx)
+        ctx.save(*indices)
     return out
 
 
-def index_add(ctx: Context, x: Value, dim: int, idx: Value, src: Value) -> Value:
-    """x.index_add(dim, idx, src): rows of src added into a copy of x at the indices; saves the indices and src (its
-    gradient, index_select(grad).expand_as(src), reads src)."""
-    out = ctx.new(x.shape, promote(x.dtype, src.dtype), "index_add", x.grad or src.grad)
+def index_add(ctx: Context, x: Value, dim: int, idx: Value, src: Value, inplace: bool = False) -> Value:
+    """x.index_add(dim, idx, src): rows of src added into a copy of x at the indices (into x itself in place,
+    index_add_); saves the indices and src (its gradient, index_select(grad).expand_as(src), reads src)."""
+    grad = (x.grad or src.grad) and ctx.grad_enabled
+    out = replace(x, grad=grad) if inplace else ctx.new(x.shape, promote(x.dtype, src.dtype), "index_add", grad)
     if out.grad:
         ctx.save(idx, src)
     return out

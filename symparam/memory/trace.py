@@ -842,6 +842,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "dropout": ops.dropout,
     "index": ops.index,
     "index_add": lambda ctx, x, dim, idx, src: ops.index_add(ctx, x, int(dim), idx, src),
+    "index_add_": lambda ctx, x, dim, idx, src: ops.index_add(ctx, x, int(dim), idx, src, inplace=True),
     "topk": ops.topk,
     "sort": ops.sort,
     "grouped_mm": ops.grouped_mm,

@@ -45,7 +45,7 @@ FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
     "attend": ({"qk", "v", "heads"}, set()),  # widths a query scores against and sums per attended position; query heads
 }
-SYMBOL_FIELDS = {"latex", "meaning", "keys", "default", "layers", "zero", "zh", "each", "over"}
+SYMBOL_FIELDS = {"latex", "meaning", "keys", "default", "layers", "zero", "zh", "each", "over", "routing"}
 NAME_TABLES = ("rename", "not_parameters")  # [names]: how checkpoints name tensors, regex -> replacement (verify.py)
 
 
@@ -356,6 +356,9 @@ def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
         each = spec.get("each", base.each if base else None)
         if each is not None:
             compile_rule(each, f"{where}.each")
+        routing = spec.get("routing", base.routing if base else None)
+        if routing is not None:
+            compile_rule(routing, f"{where}.routing")
         table[name] = SymbolDef(
             name=name,
             latex=str(spec.get("latex", base.latex if base else name)),
@@ -367,6 +370,7 @@ def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
             zh=str(spec.get("zh", base.zh if base else "")),
             each=None if each is None else str(each),
             over=spec.get("over", base.over if base else None),
+            routing=None if routing is None else str(routing),
         )
     for s in table.values():
         if s.over is not None and (s.over not in table or table[s.over].layers is None):
