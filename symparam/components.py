@@ -42,6 +42,7 @@ class Term:
     component: str | None = None  # breakdown bucket, inherited by the subtree
     tied: bool = False  # a tensor shared with another (a tied LM head): counted once, elsewhere
     buffer: bool = False  # stored in checkpoints but not a parameter (a router's score-correction bias)
+    frozen: bool = False  # a parameter training does not update (requires_grad=False): no gradient, no optimizer state
     lookup: bool = False  # a table read by index, not multiplied (embeddings): no FLOPs, not "active without embedding"
     matmul: bool = True  # a 2-D tensor that multiplies activations (false: a bias or gate shaped [heads, width])
     facts: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()  # per-module facts: ("cache", (("per_token", expr), ...))

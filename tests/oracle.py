@@ -443,7 +443,7 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
     make = {
         "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4, foreach=True),
         "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, foreach=True),
-        "adafactor": lambda p: torch.optim.Adafactor(p, lr=1e-3, foreach=False),
+        "adafactor": lambda p: torch.optim.Adafactor(p, lr=1e-3, foreach=True),
     }[optimizer]
     cfg = hf_config(config)
     packed = masking.find_packed_sequence_indices
@@ -453,6 +453,7 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
         with torch.device("meta") if fake else contextlib.nullcontext():
             torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+            keep_fp32(model, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])  # as from_pretrained keeps them
             if nf4:  # bitsandbytes' 4-bit layers hold their quantization state as tensor attributes: followed too
                 model = to_nf4(model)
             if lora is not None:

@@ -15,12 +15,13 @@ import sympy as sp
 import symparam
 from symparam.cli import main
 from symparam.config import as_subs
-from symparam.memory.trace import Mode
-from symparam.memory.training import optimizer, parameter_tensors, terms, training
+from symparam.memory.activations import checked_families
+from symparam.memory.trace import Mode, trace
+from symparam.memory.training import optimizer, parameter_tensors, terms, training, without_gradients
 from symparam.symbols import B, S, evaluate
 
 from families import tiny_config
-from oracle import hf_config, normal, step_peak
+from oracle import hf_config, keep_fp32, normal, step_peak
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -73,19 +74,21 @@ def real_states(config: dict, name: str, dtype: str) -> tuple[dict[str, int], in
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("name", ["adamw", "sgd", "adafactor", "adamw-8bit"])
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "deepseek_v3", "llama", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "deepseek_v3", "llama", "mixtral", "afmoe"])
 def test_optimizer_states_equal_a_real_step(family: str, name: str, dtype: str) -> None:
+    """Per parameter tensor; a frozen parameter (requires_grad=False: AFMoE's expert bias) gets no gradient, so no state."""
     config = tiny_config(family)
     model = symparam.load(config)
     opt = optimizer(name)
     from symparam.memory.training import entry_bytes, shared_bytes
 
+    trained = [x for x in parameter_tensors(model.tree) if x.trainable]
     mine: dict[str, int] = {}
-    for x in parameter_tensors(model.tree):
+    for x in trained:
         mine[x.path] = mine.get(x.path, 0) + evaluate(x.count * entry_bytes(opt.states, x, dtype, model.values), as_subs(model.values))
     found, shared = real_states(config, name, dtype)
     assert {k: v for k, v in mine.items() if v} == found
-    assert int(shared_bytes(opt.states, parameter_tensors(model.tree), model.values)) == shared
+    assert int(shared_bytes(opt.states, trained, model.values)) == shared
 
 
 @pytest.mark.parametrize("name, per_parameter, source", [
@@ -120,6 +123,49 @@ def test_peak_equals_a_fake_run_at_full_size(name, opt, dtype, batch, seq, check
     found, where = step_peak(config, opt, dtype, batch, seq, checkpointing)
     at, figure, _ = step.peak({**as_subs(model.values), B: batch, S: seq})
     assert (at, figure) == (moment, found), where
+
+
+@pytest.mark.parametrize("family, dtype", [("qwen3", "fp32"), ("qwen3", "bf16"), ("beam", "bf16"), ("afmoe", "bf16")])
+def test_adafactor_step_equals_a_real_run(family: str, dtype: str) -> None:
+    """Foreach Adafactor steps its parameters in groups (dtype, then matrices apart from vectors), each group's updates
+    alive through the next group's step: its peak at the optimizer step against a real run of the tiny model (its
+    .item() calls cannot run on fake tensors). Beam keeps its routers in fp32: groups of two dtypes; AFMoE has a frozen
+    parameter, which no group holds."""
+    config = tiny_config(family)
+    model = symparam.load(config)
+    real = step_peak(config, "adafactor", dtype, 1, 5, fake=False)
+    step = training(model, optimizer("adafactor"), Mode(act=dtype), "none", {B: 1, S: 5})
+    assert step.peak({**as_subs(model.values), B: 1, S: 5})[:2] == ("optimizer step", real[0]), real[1]
+
+
+@pytest.mark.parametrize("family", sorted(checked_families()))
+def test_gradients_reach_the_parameters_a_real_backward_reaches(family: str) -> None:
+    """The parameters that get no gradient, so no optimizer state, elements per tensor: frozen ones, and those read into
+    nothing that reaches the loss (DSA indexers run under no_grad or yield only indices; Mllama's cross-attention layers
+    without an image), against the parameters whose .grad a real backward of the tiny model leaves None."""
+    import torch
+    import transformers
+
+    config = tiny_config(family)
+    torch.manual_seed(0)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(hf_config(config), attn_implementation="sdpa", dtype=torch.bfloat16)
+    except ValueError:  # no sdpa path: its own attention
+        model = transformers.AutoModelForCausalLM.from_config(hf_config(config), attn_implementation="eager", dtype=torch.bfloat16)
+    keep_fp32(model, torch.bfloat16)
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (1, 5))  # xLSTM's backward fails from a chunk of 8 on
+    model.train()(input_ids=ids, labels=ids).loss.backward()
+    real: dict[str, int] = {}
+    for n, p in model.named_parameters():
+        if p.grad is None:
+            real[normal(n)] = real.get(normal(n), 0) + p.numel()
+    mine = symparam.load(config)
+    untrained = without_gradients(mine, trace(mine, Mode(), {B: 1, S: 5}).untrained)
+    ours: dict[str, int] = {}
+    for x in parameter_tensors(untrained.tree):
+        if not x.trainable:
+            ours[x.path] = ours.get(x.path, 0) + evaluate(x.count * x.numel, as_subs(mine.values))
+    assert ours == real
 
 
 def test_fake_run_equals_a_real_run() -> None:

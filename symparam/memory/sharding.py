@@ -257,7 +257,7 @@ def tensors(term: Term, count: sp.Expr = ONE, path: str = "", stack: sp.Expr = O
         if term.buffer or (term.tied and not tied):
             return []
         shape = term.shape if stack == ONE else (stack,) + term.shape
-        return [Piece(path, tuple(shape), count, stack != ONE)]
+        return [Piece(path, tuple(shape), count, stack != ONE, not term.frozen)]
     routed = term.active_times != term.times
     inner_count, inner_stack = (count, stack * term.times) if routed else (count * term.times, stack)
     return [t for child in term.children for t in tensors(child, inner_count, path, inner_stack, tied)]
@@ -611,6 +611,10 @@ def per_rank(model: Model, layout: Layout, dtype: str, context: Mapping[sp.Symbo
     ranks = ranks if ranks is not None else kinds_of_ranks(model, layout, plan, where)
     if train is not None and found is None:
         found = traced(model, dtype, train, context)
+    if train is not None:
+        from symparam.memory.training import without_gradients
+
+        model = without_gradients(model, found.trace.untrained)  # what no gradient reaches trains nowhere
     trace_view = Activation(model, layout, plan, found) if train is not None else None
     held = tuple(rank_holds(model, layout, plan, where, rank, dtype, train, quant, trace_view, values) for rank in ranks)
     assumed = tuple(dict.fromkeys(plan.assumed + (list(trace_view.assumed) if trace_view else [])))
@@ -666,12 +670,13 @@ def data_terms(layout: Layout, rank: Rank, pieces: list[Piece], opt: Any, act: s
     """Weights, gradients, optimizer states and what the optimizer step makes, split as the data-parallel convention
     splits them: dense tensors over dp*cp ranks, routed experts under expert parallelism over dp*cp*tp/ep."""
     from symparam.memory.ops import BYTES
-    from symparam.memory.training import entry_bytes, shared_bytes
+    from symparam.memory.training import entry_bytes, shared_bytes, step_bytes
 
     spec = layout.data
     align = int(spec.get("align", 1))
     names = {str(k): v for k, v in at.items()}
     terms = dict.fromkeys(("weights", "gradients", "optimizer_states", "optimizer_step"), ZERO)
+    stepped: list[Piece] = []  # what the rank's optimizer steps (its share of each trainable tensor)
     for expert in (False, True):
         trained = [p for p in pieces if p.expert == expert and p.trainable]
         frozen = [p for p in pieces if p.expert == expert and not p.trainable]
@@ -681,8 +686,9 @@ def data_terms(layout: Layout, rank: Rank, pieces: list[Piece], opt: Any, act: s
         terms["gradients"] += split(spec["gradients"]) * BYTES[opt.dtype(opt.gradients, act)]
         seen = split_pieces(trained, spec["states"], degree, align, rank.dp_rank, at, assumed)
         terms["optimizer_states"] += sp.Add(*(p.count * entry_bytes(opt.states, p, act, names) for p in seen)) + shared_bytes(opt.states, seen, names)
-        terms["optimizer_step"] += sp.Add(*(p.count * entry_bytes(opt.temporaries, p, act, names) for p in seen))
+        stepped += seen
         terms["optimizer_step"] += sp.Add(*(split(e["split"]) * BYTES[e["dtype"]] for e in spec.get("step", [])))
+    terms["optimizer_step"] += step_bytes(opt, stepped, lambda p: act, names)
     return terms
 
 

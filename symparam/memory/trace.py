@@ -51,6 +51,7 @@ class Trace:
     held: list[Storage] = field(default_factory=list)  # what the caller holds after the forward: logits, the KV cache
 
     uncheckpointed: dict[str, str] = field(default_factory=dict)  # layer stack -> why transformers cannot checkpoint it
+    untrained: frozenset[int] = frozenset()  # the tree's trainable leaves (by identity) that get no gradient
 
     @property
     def loss_saves(self) -> list[Storage]:
@@ -129,6 +130,9 @@ class Interpreter:
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
         self.share: Callable[[sp.Expr], sp.Expr] | None = None  # a run of part of a stack: a layer count -> its layers in the run
         self.layer_values: Any = None  # the config's values, for which layers a layer-count symbol selects
+        self.returned: list[Storage] = []  # what decoder layers return: the next layer reads it through the stack's input
+        self.stands: dict[int, list[Storage]] = {}  # a storage standing for others (a layer's state arguments): those
+        self.leaf_of: dict[int, Term] = {}  # a parameter's storage -> the tree's leaf it reads
 
     # ------------------------------------------------------------ entry
 
@@ -141,7 +145,13 @@ class Interpreter:
             self.ctx.held.append(loss.storage)
         kept = {k.ident for s, _ in self.ctx.saved for k in s.allocated()}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
-        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held, self.uncheckpointed)
+        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held,
+                     self.uncheckpointed, untrained(self.ctx.ops, self.model.tree, self.trainable_leaves(), self.returned, self.stands, self.leaf_of))
+
+    def trainable_leaves(self) -> dict[int, Term]:
+        """The tree's parameter leaves the mode trains, by identity (frozen ones, buffers and tied copies left out)."""
+        return {id(leaf): leaf for leaf, _, _, path in walk(self.model.tree)
+                if leaf.is_leaf and leaf.counted and not leaf.frozen and (self.mode.trainable is None or self.mode.trainable(path))}
 
     def input(self, what: str) -> Value:
         storage = Storage(B * S, "int64", INPUTS, what)
@@ -193,7 +203,8 @@ class Interpreter:
         trainable = self.mode.trainable(path) if self.mode.trainable else True
         dtype = runtime_dtype(leaf, self.mode.act)
         storage = Storage(sp.Mul(*shape), dtype, path, "parameter", param=True)
-        return Value(tuple(shape), ops.dense(shape), dtype, storage, trainable and not leaf.buffer)
+        self.leaf_of[storage.ident] = leaf
+        return Value(tuple(shape), ops.dense(shape), dtype, storage, trainable and not leaf.buffer and not leaf.frozen)
 
     def parametrized(self, leaf: Term, value: Value, module: Module) -> Value:
         """A parameter peft's ParamWrapper adapts: its value plus its adapters' product, computed by the library's
@@ -302,9 +313,11 @@ class Interpreter:
             out = self.execute(program, module.path, runs * layers, [inner, *given], used, dict(term.code.env), {}, "", term.code.entries)
         finally:
             self.slots, self.kinds = outer_slots, outer_kinds
+        self.returned += [v.storage for v in tree_values(out)]
         out, carried = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
         for j, state in states.items():  # a layer returning (x, state, ...) hands each later result to the next layer's argument in
             c = carried[j] if j < len(carried) else None  # its place (ZAYA's router state, Reformer's second half): what layers
+            self.stands[state.ident] = [args[1 + j].storage, *([c.storage] if isinstance(c, Value) else [])]
             states[j] = replace(state, module=c.storage.module) if isinstance(c, Value) else args[1 + j].storage  # after the first take; else the same tensor every layer
             self.ctx.saved[:] = [(states[j] if s.ident == state.ident else s, m) for s, m in self.ctx.saved]
         if not isinstance(out, Value):
@@ -712,9 +725,70 @@ class Frame:
         outputs = tuple(v for v in (out if isinstance(out, tuple) else (out,)) if isinstance(v, Value))
         for v in outputs:
             ctx.steps.append(Step(ctx.module, name, v.shape, v.dtype, ctx.copies, storage=v.storage))
-        inputs = tuple(v for v in [*args, *kwargs.values()] if isinstance(v, Value))
+        inputs = tuple(tree_values([*args, *kwargs.values()]))  # tensors given in a list too (cat's, index's)
         ctx.ops.append(Op(name, ctx.module, inputs, outputs, range(start, len(ctx.saved)), ctx.copies))
         return out
+
+
+def untrained(steps: list[Op], tree: Term, trainable: Mapping[int, Term], returned: list[Storage],
+              stands: Mapping[int, list[Storage]], leaf_of: Mapping[int, Term]) -> frozenset[int]:
+    """The trainable parameters that get no gradient: nothing they are read into reaches the loss, read backward from
+    the loss and from everything a module returns (its caller may use any of it). So DeepSeek-V3.2's indexer, read
+    under no_grad, MiniMax-M3's, whose scores only pick block indices, and Mllama's cross-attention layers without an
+    image, which read nothing, where the self-attention layers' modules of the same names do. A tensor a program makes
+    from nothing that needs a gradient stands for what its module computes (a scan's rows, a custom Function's output);
+    the leaves of one tensor split in the tree (LongCat-Flash's zero experts' rows of gate_up_proj) train together."""
+    needed: set[int] = set()
+
+    def need(s: Storage) -> None:
+        if s.ident not in needed:
+            needed.add(s.ident)
+            for part in (*s.kinds, *s.covers, *stands.get(s.ident, ())):
+                need(part)
+
+    for s in [*returned, *(v.storage for v in (steps[-1].outputs if steps else ()))]:
+        need(s)
+    reached: set[int] = set()  # parameter storages read into what reaches the loss
+
+    def feeds(op: Op, grad_only: bool = True) -> None:
+        for v in op.outputs:
+            if v.grad:
+                need(v.storage)
+        for v in op.inputs:
+            if v.grad or not grad_only:
+                if v.storage.ident in leaf_of:
+                    reached.add(v.storage.ident)
+                elif not v.storage.param:
+                    need(v.storage)
+
+    for i in range(len(steps) - 1, -1, -1):
+        op = steps[i]
+        if not any(v.grad and v.storage.ident in needed for v in op.outputs):
+            continue
+        feeds(op)
+        if not any(v.grad for v in op.inputs):  # a stand-in (a custom Function's output, a scan's rows): what its module
+            for other in steps:  # and the modules inside it compute, before or after it, feeds it (under no_grad too)
+                if other.module == op.module or other.module.startswith(f"{op.module}."):
+                    feeds(other, grad_only=False)
+    tensor = tensors_of(tree)
+    read = {tensor[id(leaf_of[i])] for i in reached}
+    return frozenset(i for i in trainable if tensor[i] not in read)
+
+
+def tensors_of(tree: Term) -> dict[int, tuple[int, str]]:
+    """Each leaf (by identity) -> the tensor transformers holds it in: its path under its module's parent (the leaves
+    of sibling modules sharing a key are one tensor: LongCat-Flash's experts and zero experts)."""
+    out: dict[int, tuple[int, str]] = {}
+
+    def visit(term: Term, parent: Term | None, grand: Term | None, path: str) -> None:
+        path = f"{path}.{term.key}" if path and term.key else path or term.key
+        if term.is_leaf:
+            out[id(term)] = (id(grand), path)
+        for child in term.children:
+            visit(child, term, parent, path)
+
+    visit(tree, None, None, "")
+    return out
 
 
 def runtime_dtype(leaf: Term, act: str) -> str:

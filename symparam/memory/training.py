@@ -9,9 +9,10 @@ tracker under FakeTensorMode counts them; the model's non-persistent buffers (ro
 
 from __future__ import annotations
 
+import copy
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -41,6 +42,7 @@ class Optimizer:
     gradients: str
     states: tuple[dict[str, Any], ...]
     temporaries: tuple[dict[str, Any], ...]
+    groups: str | None = None  # a rule over dims, numel, last: parameters stepped group by group (torch's Adafactor)
 
     def dtype(self, name: str, act: str) -> str:
         return act if name == "model" else name
@@ -49,8 +51,8 @@ class Optimizer:
 @cache
 def optimizers() -> dict[str, Optimizer]:
     text = resources.files("symparam.memory").joinpath("conventions", "optimizers.toml").read_text(encoding="utf-8")
-    return {name: Optimizer(name, t["title"], t["source"], t["weights"], t["gradients"], tuple(t.get("states", ())), tuple(t.get("temporaries", ())))
-            for name, t in tomllib.loads(text).items()}
+    return {name: Optimizer(name, t["title"], t["source"], t["weights"], t["gradients"], tuple(t.get("states", ())), tuple(t.get("temporaries", ())),
+                            t.get("groups")) for name, t in tomllib.loads(text).items()}
 
 
 def optimizer(name: str) -> Optimizer:
@@ -83,23 +85,48 @@ def parameter_tensors(term: Term, trainable: Callable[[str], bool] | None = None
         if not term.counted:
             return []
         shape = term.shape if stack == ONE else (stack,) + term.shape
-        return [Tensor(path, tuple(shape), count, trainable(path) if trainable else True, term.dtype == "F32")]
+        return [Tensor(path, tuple(shape), count, (trainable(path) if trainable else True) and not term.frozen, term.dtype == "F32")]
     routed = term.active_times != term.times
     inner_count, inner_stack = (count, stack * term.times) if routed else (count * term.times, stack)
     return [t for child in term.children for t in parameter_tensors(child, trainable, inner_count, path, inner_stack)]
+
+
+def facts(tensor: Tensor, values: Mapping[str, Any]) -> dict[str, int]:
+    """What a convention's rules read of a parameter tensor, at the model's values."""
+    return {"numel": evaluate(tensor.numel, values), "dims": len(tensor.shape), "last": evaluate(tensor.shape[-1], values)}
 
 
 def entry_bytes(entries: tuple[dict[str, Any], ...], tensor: Tensor, act: str, values: Mapping[str, Any]) -> sp.Expr:
     """Bytes one parameter tensor adds by a list of state (or temporary) entries; `when` decided at the model's values."""
     shape = tensor.shape
     names = {"numel": tensor.numel, "last": shape[-1], "second": shape[-2] if len(shape) > 1 else ONE}
-    at = {"numel": evaluate(tensor.numel, values), "dims": len(shape), "last": evaluate(shape[-1], values)}
+    at = facts(tensor, values)
     total = sp.Integer(0)
     for e in entries:
         if e.get("shared") or ("when" in e and not compile_rule(e["when"], f"optimizers.toml {e['name']}.when")(at.get)):
             continue
         total += parse(str(e["size"]), names) * BYTES[act if e["dtype"] == "model" else e["dtype"]]
     return total
+
+
+def step_bytes(opt: Optimizer, tensors: list[Tensor], dtype_of: Callable[[Tensor], str], values: Mapping[str, Any]) -> sp.Expr:
+    """What optimizer.step() allocates at its most: one list over every parameter, or, where the convention steps them
+    in `groups` (dtype groups in the order torch 2.13's C++ grouping gives, the last dtype to appear first; within a
+    dtype, the rule's two kinds in the order they first appear), the most of any group's temporaries plus the `kept`
+    ones of the group before it (foreach Adafactor's updates live on until the next group's replace them)."""
+    def total(group: list[Tensor], entries: tuple[dict[str, Any], ...]) -> sp.Expr:
+        return sp.Add(*(x.count * entry_bytes(entries, x, dtype_of(x), values) for x in group))
+
+    if opt.groups is None:
+        return total(tensors, opt.temporaries)
+    rule = compile_rule(opt.groups, f"optimizers.toml {opt.name}.groups")
+    by_dtype: dict[str, dict[bool, list[Tensor]]] = {}
+    for x in tensors:
+        by_dtype.setdefault(dtype_of(x), {}).setdefault(bool(rule(facts(x, values).get)), []).append(x)
+    groups = [group for kinds in reversed(by_dtype.values()) for group in kinds.values()]
+    kept = tuple(e for e in opt.temporaries if e.get("kept"))
+    peaks = [total(g, opt.temporaries) + (total(groups[j - 1], kept) if j else 0) for j, g in enumerate(groups)]
+    return sp.Max(*(sp.expand(p) for p in peaks)) if peaks else sp.Integer(0)
 
 
 def shared_bytes(entries: tuple[dict[str, Any], ...], tensors: list[Tensor], values: Mapping[str, Any]) -> sp.Expr:
@@ -145,7 +172,7 @@ def terms(model: Any, opt: Optimizer, act: str, trainable: Callable[[str], bool]
     weights = sp.Add(*(x.count * x.numel * BYTES[own(x) if opt.weights == "model" or x.fp32 else opt.weights] for x in tensors))
     gradients = sp.Add(*(x.count * x.numel * BYTES[opt.dtype(opt.gradients, own(x))] for x in trained))
     states = sp.Add(*(x.count * entry_bytes(opt.states, x, own(x), values) for x in trained)) + shared_bytes(opt.states, trained, values)
-    temporaries = sp.Add(*(x.count * entry_bytes(opt.temporaries, x, own(x), values) for x in trained))
+    temporaries = step_bytes(opt, trained, own, values)
     return tuple(sp.expand(e) for e in (weights, gradients, states, temporaries))
 
 
@@ -160,8 +187,24 @@ def training(model: Any, opt: Optimizer, mode: Mode = Mode(), checkpointing: str
     mode = Mode(act=act, attention=mode.attention, trainable=mode.trainable, use_cache=use_cache)
     t = checked_trace(model, mode, context)
     act_kept = Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
+    model = without_gradients(model, t.untrained)
     own, gradients, states, temporaries = terms(model, opt, act, mode.trainable)
     return _moments(model, t, opt, act, own if weights is None else weights, gradients, states, temporaries, act_kept)
+
+
+def without_gradients(model: Any, untrained: frozenset[int]) -> Any:
+    """The model with the leaves no gradient reaches (trace.untrained) marked frozen: no gradient, no optimizer state."""
+    if not untrained:
+        return model
+
+    def mark(term: Term) -> Term:
+        if term.is_leaf:
+            return replace(term, frozen=True) if id(term) in untrained else term
+        return replace(term, children=tuple(mark(c) for c in term.children))
+
+    local = copy.copy(model)
+    local.__dict__["tree"] = mark(model.tree)  # the cached tree, marked
+    return local
 
 
 def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, gradients: sp.Expr, states: sp.Expr,
@@ -173,9 +216,10 @@ def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, g
     base = weights + states + inputs
     kept_storages = kept(t, activations.checkpointing)
     kept_ids = {s.ident for s in kept_storages}
-    held = [s for s in t.held if s.ident not in kept_ids]
+    held_once = list({s.ident: s for s in t.held}.values())  # a tensor the caller holds twice is held once
+    held = [s for s in held_once if s.ident not in kept_ids]
     held_bytes = sp.Add(*(s.copies * s.bytes for s in held))
-    all_held = sp.Add(*(s.copies * s.bytes for s in t.held))
+    all_held = sp.Add(*(s.copies * s.bytes for s in held_once))
     saved_inputs = sp.Add(*(s.copies * s.bytes for s in kept_storages if s.op in ("token ids", "labels")))
     loss_saves = sp.Add(*(s.copies * s.bytes for s in t.loss_saves if s.ident in kept_ids))
     gradient_of = t.loss_gradients  # the gradients of the loss head's last two allocating operations' inputs
@@ -207,4 +251,4 @@ def embedding_gradient(t: Trace, model: Any, gradients: sp.Expr) -> sp.Expr:
     return 2 * weight.numel * BYTES[out.dtype] if tied else out.storage.copies * out.numel * BYTES[out.dtype]
 
 
-__all__ = ["Optimizer", "optimizers", "optimizer", "Tensor", "parameter_tensors", "Step", "terms", "training"]
+__all__ = ["Optimizer", "optimizers", "optimizer", "Tensor", "parameter_tensors", "entry_bytes", "step_bytes", "without_gradients", "Step", "terms", "training"]

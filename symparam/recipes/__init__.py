@@ -36,7 +36,7 @@ TOP_LEVEL = {"family", "title", "model_types", "architectures", "summary", "exte
              "switches", "blocks", "lists", "checks", "names", "zh", "checkpoint", "functions", "tp_plan"}
 OWN = ("family", "title", "model_types", "architectures", "summary", "checkpoint", "tp_plan")  # never inherited through `extends`
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
-                "buffer", "lookup", "layers", "matmul", "dtype", "module"}
+                "buffer", "frozen", "lookup", "layers", "matmul", "dtype", "module"}
 BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module", "forward", "kernel",
               "no_checkpointing"}
 MODULE_KINDS = ("linear", "conv1d", "experts", "head", "embedding", "router", "kept")  # kept: a module the modeling keeps unquantized  # `module = ...` of a block: what quantization formats read
@@ -69,6 +69,7 @@ class Entry:
     lookup: bool
     matmul: bool  # a 2-D tensor that multiplies activations (FLOPs); false for a bias or gate shaped as a matrix
     layers: bool  # the decoder-layer stack: entries inside may be variants chosen per layer
+    frozen: bool = False  # a parameter with requires_grad=False: counted, never trained
     dtype: str | None = None  # the dtype it is stored in whatever the model's (transformers' _keep_in_fp32_modules_strict): "F32"
     module: str | None = None  # a sub-block's module kind where it differs from its block's ("kept": _keep_in_fp32_modules)
 
@@ -234,7 +235,8 @@ class _Builder:
         if e.shape:
             return c.Term(key=e.key, label=self.words(e.label or e.key, env), note=self.words(e.note, env),
                           shape=tuple(self.formula(s, env) for s in e.shape), component=e.component,
-                          tied=self.on(e.tied, env) if e.tied else False, buffer=e.buffer, lookup=e.lookup, matmul=e.matmul, dtype=e.dtype)
+                          tied=self.on(e.tied, env) if e.tied else False, buffer=e.buffer, frozen=e.frozen, lookup=e.lookup, matmul=e.matmul,
+                          dtype=e.dtype)
         block = self.recipe.blocks[e.block]
         args = self.bind(block, e, env)
         words = {"label": e.label and self.words(e.label, env), "note": e.note and self.words(e.note, env), "component": e.component}  # $note of this level, then passed down
@@ -422,7 +424,7 @@ def _entry(key: str, spec: Any, where: str) -> Entry:
     for name in ("times", "active"):
         if name in spec and not isinstance(spec[name], (str, int)):
             raise SymparamError(f"{where}: {name} must be a formula, got {spec[name]!r}")
-    for name in ("buffer", "lookup", "layers", "matmul"):
+    for name in ("buffer", "frozen", "lookup", "layers", "matmul"):
         if name in spec and not isinstance(spec[name], bool):
             raise SymparamError(f"{where}: {name} must be true or false")
     return Entry(
@@ -442,6 +444,7 @@ def _entry(key: str, spec: Any, where: str) -> Entry:
         lookup=bool(spec.get("lookup", False)),
         matmul=bool(spec.get("matmul", True)),
         layers=bool(spec.get("layers", False)),
+        frozen=bool(spec.get("frozen", False)),
         dtype=None if "dtype" not in spec else _dtype(spec["dtype"], where),
         module=_module(spec.get("module"), where),
     )
