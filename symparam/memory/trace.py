@@ -677,6 +677,10 @@ class Frame:
         if isinstance(node.op, (ast.Div, ast.FloorDiv)) and all(isinstance(v, (sp.Basic, int)) for v in (a, b)):
             quotient = sp.sympify(a) / sp.sympify(b)
             exact = quotient.xreplace(self.it.values).is_integer if self.it.values else False
+            if isinstance(node.op, ast.FloorDiv) and exact and quotient.free_symbols & {B, S}:
+                remainder = sp.Mod(sp.sympify(a), sp.sympify(b))  # whole at this S and B only (S // m_c windows): an assumption
+                if remainder != 0:
+                    self.it.assumed.append(sp.Eq(remainder, 0))
             return quotient if isinstance(node.op, ast.Div) or exact else sp.floor(quotient)
         return _ARITH[type(node.op)](a, b)
 
