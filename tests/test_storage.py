@@ -50,7 +50,7 @@ FP8_DIFFERENCES = {
     "recurrent_gemma": "block-diagonal gates stacked [h, w, w] in transformers, one block per copy in the recipe (the same bytes)",
     "inkling_text": "float32 router and gate parameters (_keep_in_fp32_modules_strict) not yet marked F32 in the recipe",
     "inkling2_text": "float32 router and gate parameters (_keep_in_fp32_modules_strict) not yet marked F32 in the recipe",
-    "deepseek_v4": "float32 hyper-connection parameters (_keep_in_fp32_modules_strict) not yet marked F32 in the recipe",
+    "deepseek_v4": "the compressors' and indexer's projections (_keep_in_fp32_modules, kept BF16) not yet marked kept, and the routers' buffers (tid2eid, e_score_correction_bias) not in the recipe's tree",
     "hy_v4": "float32 hyper-connection parameters and head (_keep_in_fp32_modules_strict) not yet marked F32 in the recipe",
     "longcat_flash": "transformers stacks the zero experts' unused gate_up slice into the fused experts",
 }

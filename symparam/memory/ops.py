@@ -129,7 +129,7 @@ class Context:
         if self.same(n, ONE):
             return True
         if self.values and sp.sympify(n).free_symbols and sp.sympify(n).xreplace(self.values).is_number:
-            self.assumed.append(sp.Ne(n, ONE))
+            self.differs(n)
         return False
 
     def one(self, n: sp.Expr) -> bool:
@@ -138,8 +138,13 @@ class Context:
         if self.same(n, ONE):
             return True
         if self.values and sp.sympify(n).free_symbols:
-            self.assumed.append(sp.Ne(n, ONE))
+            self.differs(n)
         return False
+
+    def differs(self, n: sp.Expr) -> None:
+        """n != 1 as an assumption of the formula, unless it holds as a formula (a sum of positive sizes, S + S/m_c)."""
+        if sp.Ne(n, ONE) is not sp.true:
+            self.assumed.append(sp.Ne(n, ONE))
 
     def same(self, a: sp.Expr, b: sp.Expr) -> bool:
         """Whether two sizes are equal: as formulas, or at the model's values (remembered as an assumption)."""

@@ -133,6 +133,7 @@ class Interpreter:
         self.returned: list[Storage] = []  # what decoder layers return: the next layer reads it through the stack's input
         self.stands: dict[int, list[Storage]] = {}  # a storage standing for others (a layer's state arguments): those
         self.leaf_of: dict[int, Term] = {}  # a parameter's storage -> the tree's leaf it reads
+        self.calls: list[range] = []  # each module call's operations (indices into ctx.ops)
 
     # ------------------------------------------------------------ entry
 
@@ -146,7 +147,7 @@ class Interpreter:
         kept = {k.ident for s, _ in self.ctx.saved for k in s.allocated()}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
         return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held,
-                     self.uncheckpointed, untrained(self.ctx.ops, self.model.tree, self.trainable_leaves(), self.returned, self.stands, self.leaf_of))
+                     self.uncheckpointed, untrained(self.ctx.ops, self.model.tree, self.trainable_leaves(), self.returned, self.stands, self.leaf_of, self.calls))
 
     def trainable_leaves(self) -> dict[int, Term]:
         """The tree's parameter leaves the mode trains, by identity (frozen ones, buffers and tied copies left out)."""
@@ -179,7 +180,10 @@ class Interpreter:
             children = self.children(module)  # a parametrized parameter is computed here, in the module's own code
         finally:
             self.ctx.module, self.ctx.copies = outer
-        return self.execute(program, module.path, module.copies, args, kwargs, env, children, module.layer_path, term.code.entries)
+        start = len(self.ctx.ops)
+        out = self.execute(program, module.path, module.copies, args, kwargs, env, children, module.layer_path, term.code.entries)
+        self.calls.append(range(start, len(self.ctx.ops)))
+        return out
 
     def children(self, module: Module) -> dict[str, Any]:
         """A module's children by key: its parameters as Values, its sub-modules as Modules."""
@@ -690,6 +694,10 @@ class Frame:
         if isinstance(node.op, (ast.Div, ast.FloorDiv)) and all(isinstance(v, (sp.Basic, int)) for v in (a, b)):
             quotient = sp.sympify(a) / sp.sympify(b)
             exact = quotient.xreplace(self.it.values).is_integer if self.it.values else False
+            if isinstance(node.op, ast.FloorDiv) and exact and quotient.free_symbols & {B, S}:
+                remainder = sp.Mod(sp.sympify(a), sp.sympify(b))  # whole at this S and B only (S // m_c windows): an assumption
+                if remainder != 0:
+                    self.it.assumed.append(sp.Eq(remainder, 0))
             return quotient if isinstance(node.op, ast.Div) or exact else sp.floor(quotient)
         return _ARITH[type(node.op)](a, b)
 
@@ -731,13 +739,14 @@ class Frame:
 
 
 def untrained(steps: list[Op], tree: Term, trainable: Mapping[int, Term], returned: list[Storage],
-              stands: Mapping[int, list[Storage]], leaf_of: Mapping[int, Term]) -> frozenset[int]:
+              stands: Mapping[int, list[Storage]], leaf_of: Mapping[int, Term], calls: list[range]) -> frozenset[int]:
     """The trainable parameters that get no gradient: nothing they are read into reaches the loss, read backward from
-    the loss and from everything a module returns (its caller may use any of it). So DeepSeek-V3.2's indexer, read
-    under no_grad, MiniMax-M3's, whose scores only pick block indices, and Mllama's cross-attention layers without an
-    image, which read nothing, where the self-attention layers' modules of the same names do. A tensor a program makes
-    from nothing that needs a gradient stands for what its module computes (a scan's rows, a custom Function's output);
-    the leaves of one tensor split in the tree (LongCat-Flash's zero experts' rows of gate_up_proj) train together."""
+    the loss and from what each decoder layer returns (the next layer reads it through the stack's input). So
+    DeepSeek-V3.2's indexer, read under no_grad, MiniMax-M3's, whose scores only pick block indices, and Mllama's
+    cross-attention layers without an image, which read nothing, where the self-attention layers' modules of the same
+    names do. A tensor made from nothing that needs a gradient stands for what made it (a scan's rows written into it,
+    a custom Function's output); the leaves of one tensor split in the tree (LongCat-Flash's zero experts' rows of
+    gate_up_proj) train together."""
     needed: set[int] = set()
 
     def need(s: Storage) -> None:
@@ -766,10 +775,11 @@ def untrained(steps: list[Op], tree: Term, trainable: Mapping[int, Term], return
         if not any(v.grad and v.storage.ident in needed for v in op.outputs):
             continue
         feeds(op)
-        if not any(v.grad for v in op.inputs):  # a stand-in (a custom Function's output, a scan's rows): what its module
-            for other in steps:  # and the modules inside it compute, before or after it, feeds it (under no_grad too)
-                if other.module == op.module or other.module.startswith(f"{op.module}."):
-                    feeds(other, grad_only=False)
+        if not any(v.grad for v in op.inputs):  # a stand-in: what the module call making it computes, before or after
+            call = min((c for c in calls if i in c), key=len, default=range(0))  # it, feeds it (under no_grad too):
+            for j in call:  # a custom Function's output (requires_grad_) all of it, the modules it calls included;
+                if op.name == "requires_grad_" or steps[j].module == op.module:  # rows a program writes into
+                    feeds(steps[j], grad_only=False)  # (a tensor made needing a gradient) its own code's
     tensor = tensors_of(tree)
     read = {tensor[id(leaf_of[i])] for i in reached}
     return frozenset(i for i in trainable if tensor[i] not in read)
