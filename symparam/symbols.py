@@ -30,6 +30,7 @@ class SymbolDef:
     zh: str = ""  # the meaning in Chinese, for derivations in zh
     each: str | None = None  # read per layer: a rule over the config and layer index i (a size that is listed per layer)
     over: str | None = None  # the layer-count symbol whose layers share the value read by `each` (default: every layer)
+    summed: bool = False  # with `each`: the sum of its values over those layers, which may differ (a size that grows by layer)
 
 
 TABLE: tuple[SymbolDef, ...] = (
