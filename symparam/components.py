@@ -26,6 +26,7 @@ class Code:
     entries: tuple[str, ...] = ()  # every module and tensor the block declares (a call of one it does not build passes through)
     kernel: str = ""  # where the forward is a CPU reference path a GPU replaces with a fused kernel: which, and what it keeps
     no_checkpointing: str = ""  # a layer stack transformers cannot checkpoint: why
+    first_layer: str = ""  # a layer stack whose layer 0 runs otherwise than the layers after it (runs apart): how
 
 
 @dataclass(frozen=True)

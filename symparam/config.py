@@ -412,7 +412,8 @@ class Values:
 
     def per_layer(self, symbol: str) -> int:
         """A size read layer by layer (`each`): the one value its layers share (those of `over`, else all); 0 where the
-        model has no such layer. Values that differ within those layers are an error: exact or nothing."""
+        model has no such layer. Values that differ within those layers are an error: exact or nothing. A summed one
+        (`sum = true`) is the sum of its values over those layers, which may differ (a size that grows layer by layer)."""
         s = self.recipe.symbols[symbol]
         rule = self.recipe.per_layer_symbols[symbol]
         layers = self.get("N")
@@ -425,6 +426,9 @@ class Values:
         first = next(iter(found))
         for i, v in found.items():
             _check(self.recipe, symbol, f"{key} (layer {i})", v)
+        if s.summed:
+            return _check(self.recipe, symbol, key, found[0] * mask.count(True) if isinstance(values, Uniform) else sum(found.values()))
+        for i, v in found.items():
             if v != found[first]:
                 kind = f"the {s.over} layers" if s.over else "the layers"
                 raise SymparamError(f"{key}: {symbol} is {found[first]} at layer {first} but {v} at layer {i}, within {kind}; symparam needs one value per layer kind")

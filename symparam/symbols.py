@@ -32,6 +32,7 @@ class SymbolDef:
     over: str | None = None  # the layer-count symbol whose layers share the value read by `each` (default: every layer)
     routing: str | None = None  # a statistic of the batch's routing, not of the config: a rule over other symbols giving
     # the value figures take unless --set gives another (its largest, the most memory it can cost)
+    summed: bool = False  # with `each`: the sum of its values over those layers, which may differ (a size that grows by layer)
 
 
 TABLE: tuple[SymbolDef, ...] = (

@@ -125,7 +125,9 @@ def memory_derivation(model: Any, seq: int, batch: int, dtype: str = "bf16", att
     for r in rows:
         kinds[r.layers] = kinds.get(r.layers, sp.Integer(0)) + r.per_layer
     by_layers = tuple((n, sp.expand(e)) for n, e in kinds.items())
-    layers = max((n for n in kinds if n != 1), key=lambda n: at(n), default=sp.Integer(1))
+    summed = {name for name, s in model.recipe.symbols.items() if s.summed}  # sums over the layers, not a layer kind's count
+    layered = [n for n in kinds if n != 1 and not {str(x) for x in n.free_symbols} & summed]
+    layers = max(layered, key=lambda n: at(n), default=sp.Integer(1))
     per_layer = {c: sum((r.per_layer for r in rows if r.layers == layers and r.component == c), sp.Integer(0)) for c, _ in GPT3_BLOCKS}
     gpt3 = tuple(Block(c, sp.sympify(f, locals={"S": S, "B": B, "d": make("d"), "h": make("h")}), sp.expand(per_layer[c])) for c, f in GPT3_BLOCKS)
     gpt3_layer = sp.Add(*(b.gpt3 for b in gpt3))

@@ -365,6 +365,17 @@ def select(ctx: Context, x: Value, dim: int, index: sp.Expr) -> Value:
     return replace(x, shape=x.shape[:dim] + x.shape[dim + 1:], strides=x.strides[:dim] + x.strides[dim + 1:])
 
 
+def unfold(ctx: Context, x: Value, dim: int, size: sp.Expr, step: sp.Expr = 1) -> Value:
+    """Tensor.unfold: the windows of `size` along `dim`, `step` apart, as a new last dimension; a view (overlapping
+    windows share their elements)."""
+    dim = dim % len(x.shape)
+    size, step = sp.sympify(size), sp.sympify(step)
+    count = sp.floor((x.shape[dim] - size) / step) + 1 if step != 1 else x.shape[dim] - size + 1
+    shape = x.shape[:dim] + (count,) + x.shape[dim + 1:] + (size,)
+    strides = x.strides[:dim] + (x.strides[dim] * step,) + x.strides[dim + 1:] + (x.strides[dim],)
+    return replace(x, shape=shape, strides=strides)
+
+
 def split(ctx: Context, x: Value, sizes: Sequence[sp.Expr], dim: int = -1) -> tuple[Value, ...]:
     """Views of consecutive pieces along `dim` (torch.split with a list of sizes)."""
     dim = dim % len(x.shape)
@@ -383,6 +394,12 @@ def chunk(ctx: Context, x: Value, parts: int, dim: int = -1) -> tuple[Value, ...
 
 def copy(ctx: Context, x: Value, op: str = "clone") -> Value:
     return ctx.new(x.shape, x.dtype, op, x.grad)
+
+
+def flip(ctx: Context, x: Value) -> Value:
+    """torch.flip: a copy in x's dimension order (row-major for overlapping windows), reversed along the dimensions it
+    flips; nothing saved (its gradient flips back)."""
+    return ctx.new(x.shape, x.dtype, "flip", x.grad, _layout_like(x, x.shape))
 
 
 def zeros_like(ctx: Context, x: Value) -> Value:

@@ -775,6 +775,10 @@ class Activation:
     tensor ranks where the layout is sequence-parallel), the layers of the rank's stage."""
 
     def __init__(self, model: Model, layout: Layout, plan: Plan, found: Traced):
+        summed = sorted(name for name in model.values or {} if name in model.recipe.symbols and model.recipe.symbols[name].summed)
+        if layout.pp > 1 and summed:  # a stage's share of a sum over every layer (Inkling 2's block states) is not described
+            raise SymparamError(f"--pp {layout.pp}: {model.recipe.title}'s activations read sizes summed over the layers "
+                                f"({', '.join(summed)}), which a pipeline stage's share of the layers does not describe")
         self.trace, self.checkpointing = found.trace, found.checkpointing
         self.model, self.layout, self.plan = model, layout, plan
         self.where = places(model)

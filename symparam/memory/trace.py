@@ -222,12 +222,13 @@ class Interpreter:
         """The decoder layers: the layer program once per run, each module counted in the layers that have it; the
         layer's input stands for the embedding output (layer 0) and every other layer's output. Where the input needs
         no gradient but the layers train something (LoRA on a frozen embedding), layer 0 runs apart: what it saves
-        differs from the layers after it, whose input does need one."""
+        differs from the layers after it, whose input does need one; so too where the layer block says its layer 0
+        runs otherwise (`first_layer`: a slot that only later layers have, read as absent in layer 0's run)."""
         term = module.term
         groups = [term] if term.times != ONE else list(term.children)  # one kind is the stack itself
         x = args[0]
         total = term.code.layers if term.code.layers is not None else sp.Add(*(g.times for g in groups))
-        if x.grad or self.mode.trainable is None:
+        if (x.grad or self.mode.trainable is None) and not term.code.first_layer:
             return self.run_layers(module, program, [(g, g.times) for g in groups], total, x, x.storage, args, kwargs)
         first = [(g, self.first_layer(g.times)) for g in groups]
         at_zero = self.first_layer(total)
@@ -593,6 +594,8 @@ class Frame:
         key = f"{self.layer_path}.{name}" if self.layer_path else name
         if key in self.it.slots:
             found = self.it.slots[key]
+            if not found:  # a run of part of the stack (layer 0 apart) none of whose layers have the slot: absent there
+                return Absent(name)
             if found and all(m.term.is_leaf for m in found):  # a tensor some layers hold (ZAYA's router-state scale): its value
                 inside = self.it.ctx.kinds[-1][1] if self.it.ctx.kinds else None
                 m = next((m for m in found if inside is not None and ops.identical(m.copies, inside)), found[0])
@@ -917,6 +920,8 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "expand": lambda ctx, x, *shape: ops.expand(ctx, x, *_shape(shape)),
     "narrow": lambda ctx, x, dim, start, length: ops.narrow(ctx, x, int(dim), start, length),
     "split": lambda ctx, x, sizes, dim=-1: ops.split(ctx, x, [_size(n) for n in sizes], int(dim)),
+    "unfold": lambda ctx, x, dim, size, step=1: ops.unfold(ctx, x, int(dim), size, step),
+    "flip": lambda ctx, x, *dims: ops.flip(ctx, x),
     "chunk": lambda ctx, x, parts, dim=-1: ops.chunk(ctx, x, int(parts), int(dim)),
     "contiguous": ops.contiguous,
     "clone": ops.copy,

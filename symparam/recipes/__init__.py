@@ -38,14 +38,14 @@ OWN = ("family", "title", "model_types", "architectures", "summary", "checkpoint
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
                 "buffer", "frozen", "lookup", "layers", "matmul", "dtype", "module"}
 BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module", "forward", "kernel",
-              "no_checkpointing"}
+              "no_checkpointing", "first_layer"}
 MODULE_KINDS = ("linear", "conv1d", "experts", "head", "embedding", "router", "kept")  # kept: a module the modeling keeps unquantized  # `module = ...` of a block: what quantization formats read
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
     "state": ({"size"}, {"what"}),  # values per sequence per copy, whatever the context (linear attention, SSM)
     "attend": ({"qk", "v", "heads"}, set()),  # widths a query scores against and sums per attended position; query heads
 }
-SYMBOL_FIELDS = {"latex", "meaning", "keys", "default", "layers", "zero", "zh", "each", "over", "routing"}
+SYMBOL_FIELDS = {"latex", "meaning", "keys", "default", "layers", "zero", "zh", "each", "over", "routing", "sum"}
 NAME_TABLES = ("rename", "not_parameters")  # [names]: how checkpoints name tensors, regex -> replacement (verify.py)
 
 
@@ -220,7 +220,8 @@ class _Builder:
                 children.append(term)
         meta = block.meta
         code = c.Code(meta["forward"], f"{self.recipe.source}: [blocks.{name}] forward", _bound(env), entries=_keys(block),
-                      kernel=self.words(meta.get("kernel"), env), no_checkpointing=self.words(meta.get("no_checkpointing"), env)) if "forward" in meta else None
+                      kernel=self.words(meta.get("kernel"), env), no_checkpointing=self.words(meta.get("no_checkpointing"), env),
+                      first_layer=self.words(meta.get("first_layer"), env)) if "forward" in meta else None
         facts = tuple((fact, tuple((k, self.formula(v, env) if k in FACTS[fact][0] else self.words(v, env)) for k, v in sorted(meta[fact].items())))
                       for fact in FACTS if fact in meta)
         return c.Term(key=key, label=self.words(words.get("label") or meta.get("label") or name, env),
@@ -361,6 +362,9 @@ def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
         routing = spec.get("routing", base.routing if base else None)
         if routing is not None:
             compile_rule(routing, f"{where}.routing")
+        summed = spec.get("sum", base.summed if base else False)
+        if type(summed) is not bool or (summed and each is None):
+            raise SymparamError(f"{where}.sum: true or false, and true only with a rule `each` to sum over the layers")
         table[name] = SymbolDef(
             name=name,
             latex=str(spec.get("latex", base.latex if base else name)),
@@ -373,6 +377,7 @@ def _symbols(data: dict[str, Any], source: str) -> dict[str, SymbolDef]:
             each=None if each is None else str(each),
             over=spec.get("over", base.over if base else None),
             routing=None if routing is None else str(routing),
+            summed=summed,
         )
     for s in table.values():
         if s.over is not None and (s.over not in table or table[s.over].layers is None):
