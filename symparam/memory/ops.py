@@ -795,6 +795,17 @@ def scatter_(ctx: Context, x: Value, dim: int, idx: Value, src: Value | sp.Expr 
     return replace(x, grad=grad)
 
 
+def scatter_reduce(ctx: Context, x: Value, dim: int, idx: Value, src: Value, reduce: str = "sum") -> Value:
+    """x.scatter_reduce(dim, idx, src, reduce): src's entries reduced into a copy of x at the indices. One backward
+    formula serves x and src (scatter_reduce_backward, derivatives.yaml), reading x, the indices, src and the result:
+    it saves all four, whichever of x and src needs the gradient (measured with amax into zeros that need none)."""
+    grad = x.grad or src.grad
+    out = ctx.new(x.shape, x.dtype, f"scatter_reduce {reduce}", grad)
+    if grad:
+        ctx.save(x, idx, src, out)
+    return out
+
+
 def save_for_backward(ctx: Context, *values: Value) -> None:
     """A custom autograd Function's ctx.save_for_backward: keeps these tensors (its forward runs without autograd)."""
     ctx.save(*values)
