@@ -50,6 +50,7 @@ class Term:
     lora: tuple | None = None  # a parameter peft's ParamWrapper adapts: (scaling, experts, lora_A path, lora_B path)
     dtype: str | None = None  # a leaf stored in this dtype whatever the model's ("F32": transformers keeps it in fp32)
     module: str | None = None  # the kind of module transformers builds here, where quantizers care: linear, experts, head, embedding, router
+    frozen: str = ""  # a module whose parameters transformers builds with requires_grad False (BLT's patcher): why
 
     @property
     def is_leaf(self) -> bool:

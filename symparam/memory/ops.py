@@ -611,7 +611,8 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
     """PyTorch's fused attention kernel (CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA's flash kernel keeps
     the same): saves q, k, v, its output (laid out in q's dimension order, measured: [B, S, h, d_v] for heads split
     from a projection, [B, h, S, d_v] for a contiguous q) and the fp32 log-sum-exp per query row; a boolean
-    mask is first turned into an additive mask of the query's dtype, which it saves too."""
+    mask is first turned into an additive mask of the query's dtype, which it saves too. Where none of q, k, v needs
+    a gradient (a frozen module fed what needs none: BLT's patcher), nothing."""
     b, h, s, _ = q.shape
     dv = v.shape[-1]
     shape = (b, h, s, dv)
@@ -619,7 +620,8 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
     lse = ctx.new((b, h, s), "fp32", "sdpa logsumexp", False)
     if mask is not None and mask.dtype == "bool":
         mask = ctx.new(mask.shape, q.dtype, "sdpa mask", False)
-    ctx.save(q, k, v, out, lse, mask)
+    if q.grad or k.grad or v.grad:
+        ctx.save(q, k, v, out, lse, mask)
     return out
 
 

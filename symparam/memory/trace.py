@@ -36,6 +36,8 @@ class Mode:
     attention: str = "sdpa"  # transformers' attn_implementation: "sdpa" or "eager"
     trainable: Callable[[str], bool] | None = None  # parameter path -> needs a gradient (default: every parameter)
     use_cache: bool | None = None  # build a KV cache during the forward (None: as the config says)
+    checkpointing: bool = False  # gradient_checkpointing_enable is on (programs read it: it also hooks every sub-model's
+    # input embeddings to require a gradient, transformers' enable_input_require_grads)
 
 
 @dataclass
@@ -125,6 +127,7 @@ class Interpreter:
         self.layers: list[LayerCall] = []
         self.kernels: dict[str, str] = {}
         self.leaves = {path: node for node, _, _, path in walk(model.tree) if node.is_leaf}  # parameters by path
+        self.frozen = tuple(path for node, _, _, path in walk(model.tree) if node.frozen)  # modules that never train
         self.uncheckpointed: dict[str, str] = {}
         self.slots: dict[str, tuple[Module, ...]] = {}  # inside a stack: slot path -> its variants
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
@@ -191,7 +194,7 @@ class Interpreter:
     def parameter(self, leaf: Term, path: str, stacked: sp.Expr) -> Value:
         """A parameter (or buffer) as a Value: never an activation; it needs a gradient unless frozen or a buffer."""
         shape = leaf.shape if stacked == ONE else (stacked,) + leaf.shape
-        trainable = self.mode.trainable(path) if self.mode.trainable else True
+        trainable = (self.mode.trainable(path) if self.mode.trainable else True) and not frozen(path, self.frozen)
         dtype = runtime_dtype(leaf, self.mode.act)
         storage = Storage(sp.Mul(*shape), dtype, path, "parameter", param=True)
         return Value(tuple(shape), ops.dense(shape), dtype, storage, trainable and not leaf.buffer)
@@ -563,7 +566,7 @@ class Frame:
         if name in self.env:
             return self.env[name]
         it = self.it
-        mode = {"attention": it.mode.attention, "training": True, "config": it.config,
+        mode = {"attention": it.mode.attention, "training": True, "config": it.config, "checkpointing": it.mode.checkpointing,
                 "use_cache": it.mode.use_cache if it.mode.use_cache is not None else bool(it.config.get("use_cache", False))}
         if name in mode:
             return mode[name]
@@ -730,6 +733,11 @@ def runtime_dtype(leaf: Term, act: str) -> str:
     (from_pretrained's _keep_in_fp32_modules; peft's adapters), else the model's; a tied copy is the tensor it shares
     (an LM head kept in fp32 but tied to the embedding table is that table, in the model's dtype)."""
     return "fp32" if leaf.dtype == "F32" and not leaf.tied else act
+
+
+def frozen(path: str, modules: tuple[str, ...]) -> bool:
+    """Whether a parameter lies in a module whose parameters never train (requires_grad False as transformers builds them)."""
+    return any(path == m or path.startswith(f"{m}.") for m in modules)
 
 
 def together(first: Any, child: Any) -> Any:

@@ -76,17 +76,19 @@ class Tensor:
 
 
 def parameter_tensors(term: Term, trainable: Callable[[str], bool] | None = None, count: sp.Expr = ONE, path: str = "",
-                      stack: sp.Expr = ONE) -> list[Tensor]:
-    """Every parameter tensor of a tree, tied copies and buffers left out; a routed group's copies are one stacked tensor."""
+                      stack: sp.Expr = ONE, frozen: bool = False) -> list[Tensor]:
+    """Every parameter tensor of a tree, tied copies and buffers left out; a routed group's copies are one stacked tensor;
+    those of a frozen module (requires_grad False as transformers builds it: BLT's patcher) never train."""
     path = f"{path}.{term.key}" if path and term.key else path or term.key
+    frozen = frozen or bool(term.frozen)
     if term.is_leaf:
         if not term.counted:
             return []
         shape = term.shape if stack == ONE else (stack,) + term.shape
-        return [Tensor(path, tuple(shape), count, trainable(path) if trainable else True, term.dtype == "F32")]
+        return [Tensor(path, tuple(shape), count, (trainable(path) if trainable else True) and not frozen, term.dtype == "F32")]
     routed = term.active_times != term.times
     inner_count, inner_stack = (count, stack * term.times) if routed else (count * term.times, stack)
-    return [t for child in term.children for t in parameter_tensors(child, trainable, inner_count, path, inner_stack)]
+    return [t for child in term.children for t in parameter_tensors(child, trainable, inner_count, path, inner_stack, frozen)]
 
 
 def entry_bytes(entries: tuple[dict[str, Any], ...], tensor: Tensor, act: str, values: Mapping[str, Any]) -> sp.Expr:
@@ -157,7 +159,7 @@ def training(model: Any, opt: Optimizer, mode: Mode = Mode(), checkpointing: str
         raise SymparamError(f"{model.name}: a training step needs a config's values")
     act = opt.dtype(opt.weights, mode.act)
     use_cache = False if checkpointing != "none" else mode.use_cache  # a checkpointed layer runs without a cache
-    mode = Mode(act=act, attention=mode.attention, trainable=mode.trainable, use_cache=use_cache)
+    mode = Mode(act=act, attention=mode.attention, trainable=mode.trainable, use_cache=use_cache, checkpointing=checkpointing != "none")
     t = checked_trace(model, mode, context)
     act_kept = Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
     own, gradients, states, temporaries = terms(model, opt, act, mode.trainable)
