@@ -194,7 +194,7 @@ class Interpreter:
     def parameter(self, leaf: Term, path: str, stacked: sp.Expr) -> Value:
         """A parameter (or buffer) as a Value: never an activation; it needs a gradient unless frozen or a buffer."""
         shape = leaf.shape if stacked == ONE else (stacked,) + leaf.shape
-        trainable = (self.mode.trainable(path) if self.mode.trainable else True) and not frozen(path, self.frozen)
+        trainable = self.mode.trainable(path) if self.mode.trainable else not frozen(path, self.frozen)  # peft's adapters train wherever they sit
         dtype = runtime_dtype(leaf, self.mode.act)
         storage = Storage(sp.Mul(*shape), dtype, path, "parameter", param=True)
         return Value(tuple(shape), ops.dense(shape), dtype, storage, trainable and not leaf.buffer)

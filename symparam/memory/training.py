@@ -78,14 +78,15 @@ class Tensor:
 def parameter_tensors(term: Term, trainable: Callable[[str], bool] | None = None, count: sp.Expr = ONE, path: str = "",
                       stack: sp.Expr = ONE, frozen: bool = False) -> list[Tensor]:
     """Every parameter tensor of a tree, tied copies and buffers left out; a routed group's copies are one stacked tensor;
-    those of a frozen module (requires_grad False as transformers builds it: BLT's patcher) never train."""
+    those of a frozen module (requires_grad False as transformers builds it: BLT's patcher) do not train, unless
+    `trainable` (LoRA: the adapters) says otherwise."""
     path = f"{path}.{term.key}" if path and term.key else path or term.key
     frozen = frozen or bool(term.frozen)
     if term.is_leaf:
         if not term.counted:
             return []
         shape = term.shape if stack == ONE else (stack,) + term.shape
-        return [Tensor(path, tuple(shape), count, (trainable(path) if trainable else True) and not frozen, term.dtype == "F32")]
+        return [Tensor(path, tuple(shape), count, trainable(path) if trainable else not frozen, term.dtype == "F32")]  # peft's adapters train anywhere
     routed = term.active_times != term.times
     inner_count, inner_stack = (count, stack * term.times) if routed else (count * term.times, stack)
     return [t for child in term.children for t in parameter_tensors(child, trainable, inner_count, path, inner_stack, frozen)]
