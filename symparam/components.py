@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy as sp
 
@@ -103,6 +103,13 @@ def leaves(term: Term, active: bool = False, mult: sp.Expr = ONE, bucket: str | 
     yield from (item for item in walk(term, active, mult, bucket, path) if item[0].is_leaf)
 
 
+def frozen(term: Term) -> Term:
+    """A module whose parameters all have requires_grad False (BLT's patcher): each of its leaves frozen."""
+    if term.is_leaf:
+        return replace(term, frozen=True)
+    return replace(term, children=tuple(frozen(c) for c in term.children))
+
+
 def walk(term: Term, active: bool = False, mult: sp.Expr = ONE, bucket: str | None = None, path: str = "") -> Iterator[tuple[Term, sp.Expr, str | None, str]]:
     """Every node of the tree, pre-order, with its copies, bucket and dotted name (layer and expert indices left out)."""
     bucket = term.component or bucket
@@ -139,4 +146,4 @@ def tensors(term: Term) -> dict[str, sp.Expr]:
     return {name: sp.expand(e) for name, e in out.items()}
 
 
-__all__ = ["Code", "Term", "tensor", "group", "leaves", "walk", "breakdown", "tensors"]
+__all__ = ["Code", "Term", "tensor", "group", "frozen", "leaves", "walk", "breakdown", "tensors"]

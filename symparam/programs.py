@@ -1,8 +1,8 @@
 """Forward programs: what a block's forward computes, written as a small, safe subset of Python (parsed, never run).
 
 A recipe block's `forward` (and a `[functions]` entry) is one `def` in the syntax transformers' modeling files use:
-assignments, `return`, `if`/`else`, `for i in range(n):`, `with no_grad():`, calls of operations, child modules and functions,
-arithmetic on tensors and sizes.
+assignments, `return`, `if`/`else`, `for i in range(n):`, `with no_grad():`, calls of operations, child modules and functions
+(one layer of a stack: `layers[i](x)`), arithmetic on tensors and sizes.
 symparam.memory.trace interprets it over symbolic shapes; nothing here executes code.
 """
 
@@ -62,8 +62,8 @@ def _compile(text: str, where: str) -> Program:
             continue
         if not isinstance(node, EXPRESSIONS) and not isinstance(node, (ast.operator, ast.unaryop, ast.boolop, ast.cmpop)):
             raise SymparamError(f"{where}: line {getattr(node, 'lineno', '?')}: {type(node).__name__} is not allowed in a forward program")
-        if isinstance(node, ast.Call) and not isinstance(node.func, ast.Name):
-            raise SymparamError(f"{where}: line {node.lineno}: call functions by name (op(x), not x.op())")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) or isinstance(node.func, ast.Subscript) and isinstance(node.func.value, ast.Name)):
+            raise SymparamError(f"{where}: line {node.lineno}: call functions by name (op(x), not x.op(); a stack's layers[i](x))")
         if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
             raise SymparamError(f"{where}: line {node.lineno}: no private attributes")
         if isinstance(node, ast.For) and not (isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call)

@@ -43,6 +43,7 @@ TRAINABLE = [
     ("mixtral", "all-linear", False),
     ("deepseek_v3", "all-linear", False),
     ("gpt2", "all-linear", False),
+    ("blt", "all-linear", False),
 ]
 
 
@@ -72,6 +73,7 @@ ACTIVATIONS = [
     ("llama", "all-linear", False, "bf16", "sdpa", False),
     ("qwen3_moe", "all-linear", False, "bf16", "sdpa", False),
     ("qwen3_moe", ("q_proj", "v_proj"), False, "fp32", "sdpa", False),
+    ("blt", "all-linear", False, "bf16", "sdpa", False),
 ]
 
 

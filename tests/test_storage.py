@@ -41,7 +41,7 @@ BNB = {
 FP8_DIFFERENCES = {
     "gpt_oss": "FP8Experts refuses biased experts (transformers asserts); gpt-oss ships MXFP4",
     "falcon": "FalconLinear subclasses nn.Linear: transformers' FP8 swap (type is nn.Linear) leaves it, symparam packs it",
-    "blt": "its cross-attention projections are nn.Linear that the recipe writes as tensors of its own block",
+    "blt": "the patcher's lm_head: transformers' FP8 swap skips every module named lm_head, peft's all-linear adapts it (only the output embedding is left out): no module kind says both",
     "gemma3n_text": "AltUp projections are nn.Linear that the recipe writes as tensors of its own block",
     "zamba2": "a shared block reused by several layers: transformers swaps one copy, checkpoints store it once",
     "reformer": "its LM head is lm_head.decoder, which transformers' skip list (the output embedding) does not name",

@@ -146,7 +146,7 @@ def routed(model, formula: sp.Expr) -> tuple:
 
 def activations(model, mode: Mode = Mode(), checkpointing: str = "none", context: dict | None = None) -> Activations:
     """The activation memory of a configured model under a mode; `context` holds S and B where a branch needs them."""
-    t = checked_trace(model, mode, context)
+    t = checked_trace(model, replace(mode, checkpointing=checkpointing != "none"), context)
     if checkpointing == "full" and t.uncheckpointed:
         raise SymparamError(f"--checkpointing {checkpointing}: {'; '.join(dict.fromkeys(t.uncheckpointed.values()))}")
     return Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))

@@ -636,7 +636,8 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
     """PyTorch's fused attention kernel (CPU `_scaled_dot_product_flash_attention_for_cpu`; CUDA's flash kernel keeps
     the same): saves q, k, v, its output (laid out in q's dimension order, measured: [B, S, h, d_v] for heads split
     from a projection, [B, h, S, d_v] for a contiguous q) and the fp32 log-sum-exp per query row; a boolean
-    mask is first turned into an additive mask of the query's dtype, which it saves too."""
+    mask is first turned into an additive mask of the query's dtype, which it saves too. Where none of q, k, v needs
+    a gradient (a frozen module fed what needs none: BLT's patcher), nothing."""
     b, h, s, _ = q.shape
     dv = v.shape[-1]
     shape = (b, h, s, dv)
@@ -644,7 +645,8 @@ def sdpa_flash(ctx: Context, q: Value, k: Value, v: Value, mask: Value | None) -
     lse = ctx.new((b, h, s), "fp32", "sdpa logsumexp", False)
     if mask is not None and mask.dtype == "bool":
         mask = ctx.new(mask.shape, q.dtype, "sdpa mask", False)
-    ctx.save(q, k, v, out, lse, mask)
+    if q.grad or k.grad or v.grad:
+        ctx.save(q, k, v, out, lse, mask)
     return out
 
 
@@ -818,6 +820,17 @@ def scatter_(ctx: Context, x: Value, dim: int, idx: Value, src: Value | sp.Expr 
     if grad:
         ctx.save(idx)
     return replace(x, grad=grad)
+
+
+def scatter_reduce(ctx: Context, x: Value, dim: int, idx: Value, src: Value, reduce: str = "sum") -> Value:
+    """x.scatter_reduce(dim, idx, src, reduce): src's entries reduced into a copy of x at the indices. One backward
+    formula serves x and src (scatter_reduce_backward, derivatives.yaml), reading x, the indices, src and the result:
+    it saves all four, whichever of x and src needs the gradient (measured with amax into zeros that need none)."""
+    grad = x.grad or src.grad
+    out = ctx.new(x.shape, x.dtype, f"scatter_reduce {reduce}", grad)
+    if grad:
+        ctx.save(x, idx, src, out)
+    return out
 
 
 def save_for_backward(ctx: Context, *values: Value) -> None:

@@ -766,7 +766,7 @@ def traced(model: Model, dtype: str, train: Any, context: Mapping[sp.Symbol, int
     opt = optimizer(train.optimizer)
     act = opt.dtype(opt.weights, dtype)
     use_cache = False if train.checkpointing != "none" else None
-    return Traced(checked_trace(model, Mode(act=act, attention=train.attention, use_cache=use_cache), context), train.checkpointing)
+    return Traced(checked_trace(model, Mode(act=act, attention=train.attention, use_cache=use_cache, checkpointing=train.checkpointing != "none"), context), train.checkpointing)
 
 
 class Activation:

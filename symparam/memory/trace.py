@@ -36,6 +36,8 @@ class Mode:
     attention: str = "sdpa"  # transformers' attn_implementation: "sdpa" or "eager"
     trainable: Callable[[str], bool] | None = None  # parameter path -> needs a gradient (default: every parameter)
     use_cache: bool | None = None  # build a KV cache during the forward (None: as the config says)
+    checkpointing: bool = False  # gradient_checkpointing_enable is on (programs read it: it also hooks every sub-model's
+    # input embeddings to require a gradient, transformers' enable_input_require_grads)
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Module:
     path: str
     copies: sp.Expr
     layer_path: str | None = None  # its path inside the layer stack, where it is in one
+    single: bool = False  # a stack's `layers[i]`: one layer per call, the caller looping over them with code between
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,11 @@ class Interpreter:
         term = module.term
         groups = [term] if term.times != ONE else list(term.children)  # one kind is the stack itself
         x = args[0]
+        if module.single:  # `layers[i]` in a loop over the layers with code between them (BLT's decoder cross-attends
+            # before each layer): each call runs one layer, on an input the caller made anew for it (so owned by its maker)
+            if len(groups) > 1:
+                raise SymparamError(f"{term.code.where}: one layer at a time of a stack of several layer kinds is not described")
+            return self.run_layers(module, program, [(term, ONE)], ONE, x, x.storage, args, kwargs, whole=False)
         total = term.code.layers if term.code.layers is not None else sp.Add(*(g.times for g in groups))
         if (x.grad or self.mode.trainable is None) and not term.code.first_layer:
             return self.run_layers(module, program, [(g, g.times) for g in groups], total, x, x.storage, args, kwargs)
@@ -575,7 +583,7 @@ class Frame:
         if name in self.env:
             return self.env[name]
         it = self.it
-        mode = {"attention": it.mode.attention, "training": True, "config": it.config,
+        mode = {"attention": it.mode.attention, "training": True, "config": it.config, "checkpointing": it.mode.checkpointing,
                 "use_cache": it.mode.use_cache if it.mode.use_cache is not None else bool(it.config.get("use_cache", False))}
         if name in mode:
             return mode[name]
@@ -628,6 +636,8 @@ class Frame:
     def e_Subscript(self, node: ast.Subscript, scope: dict[str, Any]) -> Any:
         base = self.eval(node.value, scope)
         key = self.eval(node.slice, scope)
+        if isinstance(base, Module) and base.term.code is not None and base.term.code.stack:
+            return replace(base, single=True)  # `layers[i]`: one layer of the stack (call_stack)
         if isinstance(key, sp.Integer):
             key = int(key)
         try:
@@ -964,6 +974,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "gather": lambda ctx, x, dim, idx: ops.gather(ctx, x, int(dim), idx),
     "scatter": lambda ctx, x, dim, idx, src=None: ops.scatter(ctx, x, int(dim), idx, src),
     "scatter_": lambda ctx, x, dim, idx, src=None: ops.scatter_(ctx, x, int(dim), idx, src),
+    "scatter_reduce": lambda ctx, x, dim, idx, src, reduce="sum": ops.scatter_reduce(ctx, x, int(dim), idx, src, str(reduce)),
     "amax": lambda ctx, x, dim=-1, keepdim=False: ops.amax(ctx, x, int(dim), bool(keepdim)),
     "std": lambda ctx, x, dim=-1, keepdim=False: ops.std(ctx, x, int(dim), bool(keepdim)),
     "save_for_backward": ops.save_for_backward,

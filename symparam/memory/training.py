@@ -79,7 +79,8 @@ class Tensor:
 
 def parameter_tensors(term: Term, trainable: Callable[[str], bool] | None = None, count: sp.Expr = ONE, path: str = "",
                       stack: sp.Expr = ONE) -> list[Tensor]:
-    """Every parameter tensor of a tree, tied copies and buffers left out; a routed group's copies are one stacked tensor."""
+    """Every parameter tensor of a tree, tied copies and buffers left out; a routed group's copies are one stacked tensor;
+    a frozen one (requires_grad False: BLT's patcher, AFMoE's expert bias) does not train."""
     path = f"{path}.{term.key}" if path and term.key else path or term.key
     if term.is_leaf:
         if not term.counted:
@@ -184,7 +185,7 @@ def training(model: Any, opt: Optimizer, mode: Mode = Mode(), checkpointing: str
         raise SymparamError(f"{model.name}: a training step needs a config's values")
     act = opt.dtype(opt.weights, mode.act)
     use_cache = False if checkpointing != "none" else mode.use_cache  # a checkpointed layer runs without a cache
-    mode = Mode(act=act, attention=mode.attention, trainable=mode.trainable, use_cache=use_cache)
+    mode = Mode(act=act, attention=mode.attention, trainable=mode.trainable, use_cache=use_cache, checkpointing=checkpointing != "none")
     t = checked_trace(model, mode, context)
     act_kept = Activations(parts(kept(t, checkpointing)), mode, checkpointing, tuple(t.assumed), tuple(t.kernels.items()))
     model = without_gradients(model, t.untrained)

@@ -38,7 +38,7 @@ OWN = ("family", "title", "model_types", "architectures", "summary", "checkpoint
 ENTRY_FIELDS = {"block", "shape", "times", "active", "when", "component", "label", "note", "key", "count", "tied",
                 "buffer", "frozen", "lookup", "layers", "matmul", "dtype", "module"}
 BLOCK_META = {"args", "component", "label", "note", "cache", "state", "attend", "rows", "module", "forward", "kernel",
-              "no_checkpointing", "first_layer"}
+              "no_checkpointing", "first_layer", "frozen"}
 MODULE_KINDS = ("linear", "conv1d", "experts", "head", "embedding", "router", "kept")  # kept: a module the modeling keeps unquantized  # `module = ...` of a block: what quantization formats read
 FACTS = {  # per-module facts memory and FLOPs read: formulas, and words
     "cache": ({"per_token", "windowed", "window"}, {"what"}),  # values one token leaves per copy; `windowed` of them keep only `window`
@@ -224,10 +224,11 @@ class _Builder:
                       first_layer=self.words(meta.get("first_layer"), env)) if "forward" in meta else None
         facts = tuple((fact, tuple((k, self.formula(v, env) if k in FACTS[fact][0] else self.words(v, env)) for k, v in sorted(meta[fact].items())))
                       for fact in FACTS if fact in meta)
-        return c.Term(key=key, label=self.words(words.get("label") or meta.get("label") or name, env),
+        term = c.Term(key=key, label=self.words(words.get("label") or meta.get("label") or name, env),
                       note=self.words(words.get("note") or meta.get("note", ""), env),
                       children=tuple(children), component=words.get("component") or meta.get("component"), facts=facts,
                       rows=self.formula(meta["rows"], env) if "rows" in meta else None, module=meta.get("module"), code=code)
+        return c.frozen(term) if meta.get("frozen") else term  # a module transformers builds with requires_grad False
 
     def entry(self, e: Entry, env: Mapping[str, Any], hoist: list | None, count: sp.Expr | None, path: str) -> c.Term | None:
         """A tensor or a sub-block instance, or None where its switch is off."""
