@@ -257,7 +257,7 @@ def keep_fp32(model: nn.Module, dtype: torch.dtype) -> None:
                 t.data = t.data.float()
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)  # the models of the last few configs: a worker runs thousands of tests, and the tiny MLA models are large
 def trained_model(config_json: str, dtype: str, lora_json: str = "null", nf4: bool = False, attention: str = "sdpa") -> nn.Module:
     """The tiny random transformers model of a config on CPU, built in `dtype` as from_pretrained(dtype=...) builds it
     (modules transformers keeps in float32 stay so), with `attention` where it has that path, in training mode, once;
