@@ -358,7 +358,7 @@ def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tenso
     hooks = []
     for name, module in model.named_modules():
         hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
-        hooks.append(module.register_forward_hook(lambda m, a, o: stack.pop() and None))
+        hooks.append(module.register_forward_hook(lambda m, a, o: (stack.pop(), None)[1]))  # None: the output stays
 
     class Creators(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
