@@ -375,7 +375,7 @@ def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tenso
         storage = local(t).untyped_storage()
         if storage.data_ptr() not in weights and storage.data_ptr() not in saved:
             saved[storage.data_ptr()] = (storage.nbytes(), created.get(storage.data_ptr(), "(inputs)"))
-        return t
+        return t.detach()  # not t: a node holding its own output through the hook is a cycle no collector frees
 
     created[ids.untyped_storage().data_ptr()] = "(inputs)"  # the batch's, also where a model first views it
     try:
@@ -384,6 +384,7 @@ def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tenso
     finally:
         for h in hooks:
             h.remove()
+        alive.clear()  # torch keeps the mode's class, and with it this closure: what it held goes now
     return saved
 
 
