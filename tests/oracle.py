@@ -353,8 +353,9 @@ def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tenso
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    weights = {local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    stack, created, alive, saved = [""], {}, [], {}
+    alive = [*model.parameters(), *model.buffers()]  # each tensor held to the end, so no save reuses a freed address
+    weights = {local(t).untyped_storage().data_ptr() for t in alive}  # (a buffer the forward replaces: XGLM's positions past S)
+    stack, created, saved = [""], {}, {}
     hooks = []
     for name, module in model.named_modules():
         hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
