@@ -68,8 +68,8 @@ def _compile(text: str, where: str) -> Program:
             raise SymparamError(f"{where}: line {node.lineno}: no private attributes")
         if isinstance(node, ast.For) and not (isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call)
                                               and isinstance(node.iter.func, ast.Name) and node.iter.func.id == "range"
-                                              and len(node.iter.args) == 1 and not node.orelse):
-            raise SymparamError(f"{where}: line {node.lineno}: loops are `for i in range(count):` (no else)")
+                                              and len(node.iter.args) in (1, 2) and not node.iter.keywords and not node.orelse):
+            raise SymparamError(f"{where}: line {node.lineno}: loops are `for i in range(count):` or `for i in range(start, stop):` (no else)")
         if isinstance(node, ast.With) and not (len(node.items) == 1 and node.items[0].optional_vars is None
                                                and ast.dump(node.items[0].context_expr) == ast.dump(ast.parse("no_grad()", mode="eval").body)):
             raise SymparamError(f"{where}: line {node.lineno}: the one context is `with no_grad():`")

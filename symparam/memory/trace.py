@@ -527,20 +527,64 @@ class Frame:
             scope[name] = values[0] if len(values) == 1 or values[0] is values[1] else it.merge(values, self.program.where, tuple(kinds))
 
     def repeat(self, stmt: ast.For, scope: dict[str, Any]) -> None:
-        """`for i in range(n):` runs its body once, each allocation counted n times (the chunks of a chunked scan); a
-        name the body reassigns leaves the loop as the last iteration's tensor (what it allocated)."""
-        count = sp.sympify(self.eval(stmt.iter.args[0], scope))
-        if count == 0 or (self.it.values and count.xreplace(self.it.values) == 0):
-            return
+        """`for i in range(n):` (or `range(start, stop)`) runs its body once, each allocation counted n times (the
+        chunks of a chunked scan); a name the body reassigns leaves the loop as the last iteration's tensor (what it
+        allocated). Where the body's sizes depend on i (a loop over queries, query i seeing i + 1 tokens), each
+        allocation is its own size in each iteration: summed over them in closed form (`summed`), and the formula holds
+        where the loop runs at least once. A count of no iterations at S and B (none, or fewer) runs nothing there."""
         it = self.it
+        bounds = [sp.sympify(self.eval(a, scope)) for a in stmt.iter.args]
+        start, stop = (sp.Integer(0), bounds[0]) if len(bounds) == 1 else bounds
+        count = sp.expand(stop - start)
+        at = count.xreplace(it.values) if it.values else count
+        varies = bool(count.free_symbols & {S, B})  # a count in the batch's sizes: how many runs is part of the regime
+        if count == 0 or (at.is_number and at <= 0):
+            if varies and at.is_number:
+                it.assumed.append(count <= 0)
+            return
         outer = (self.copies, it.ctx.copies, self.loop)
         self.copies = it.ctx.copies = self.copies * count
         self.loop = self.loop * count
-        scope[stmt.target.id] = sp.Symbol(stmt.target.id, integer=True, nonnegative=True)
+        var = scope[stmt.target.id] = sp.Symbol(stmt.target.id, integer=True, nonnegative=True)
+        mark = next(ops._ids)  # storages the body allocates come after
+        marks = (len(it.ctx.saved), len(it.ctx.steps), len(it.ctx.ops), len(it.ctx.held))
         try:
             self.block(stmt.body, scope)
         finally:
             self.copies, it.ctx.copies, self.loop = outer
+        sizes = {s.ident: s.numel for s in self.allocated_since(mark, marks)}
+        if not any(var in sp.sympify(n).free_symbols for n in sizes.values()):
+            return
+        if varies and at.is_number:
+            it.assumed.append(count >= 1)
+        totals = {k: summed(n, var, start, stop, it.values) for k, n in sizes.items()}
+        once = lambda s: replace(s, numel=totals[s.ident], copies=sp.cancel(s.copies / count)) if s.ident in sizes else s  # noqa: E731
+        self.rewrite(once, {var: stop - 1}, marks)
+        for name, value in list(scope.items()):  # what leaves the loop: the last iteration's
+            if isinstance(value, Value):
+                scope[name] = self.at_last(value, once, {var: stop - 1})
+
+    def allocated_since(self, mark: int, marks: tuple[int, int, int, int]) -> list[Storage]:
+        """The storages the operations since `mark` allocated, as the trace records them."""
+        ctx = self.it.ctx
+        found = [s for s, _ in ctx.saved[marks[0]:]] + [s.storage for s in ctx.steps[marks[1]:] if s.storage is not None]
+        found += [v.storage for op in ctx.ops[marks[2]:] for v in (*op.inputs, *op.outputs)] + ctx.held[marks[3]:]
+        return [s for s in found if s.ident > mark and not s.param]
+
+    def at_last(self, v: Value, once: Callable[[Storage], Storage], last: dict) -> Value:
+        """A value of a summed loop as the trace keeps it: its summed storage, its shape at the last iteration."""
+        return replace(v, shape=tuple(sp.sympify(n).xreplace(last) for n in v.shape), strides=tuple(sp.sympify(n).xreplace(last) for n in v.strides),
+                       storage=once(v.storage))
+
+    def rewrite(self, once: Callable[[Storage], Storage], last: dict, marks: tuple[int, int, int, int]) -> None:
+        """What a summed loop recorded, with its summed storages and its shapes at the last iteration (the shape walk)."""
+        ctx = self.it.ctx
+        ctx.saved[marks[0]:] = [(once(s), m) for s, m in ctx.saved[marks[0]:]]
+        ctx.held[marks[3]:] = [once(s) for s in ctx.held[marks[3]:]]
+        ctx.steps[marks[1]:] = [replace(s, shape=tuple(sp.sympify(n).xreplace(last) for n in s.shape),
+                                        storage=once(s.storage) if s.storage is not None else None) for s in ctx.steps[marks[1]:]]
+        ctx.ops[marks[2]:] = [replace(op, inputs=tuple(self.at_last(v, once, last) for v in op.inputs),
+                                      outputs=tuple(self.at_last(v, once, last) for v in op.outputs)) for op in ctx.ops[marks[2]:]]
 
     def truth(self, value: Any, node: ast.AST) -> bool:
         """A condition's truth; one on sizes is decided by the model's values (and S, B) and remembered as an assumption
@@ -749,6 +793,39 @@ class Frame:
         inputs = tuple(tree_values([*args, *kwargs.values()]))  # tensors given in a list too (cat's, index's)
         ctx.ops.append(Op(name, ctx.module, inputs, outputs, range(start, len(ctx.saved)), ctx.copies))
         return out
+
+
+def summed(size: sp.Expr, var: sp.Symbol, start: sp.Expr, stop: sp.Expr, values: Mapping | None = None) -> sp.Expr:
+    """The sum of a size over var = start .. stop - 1, in closed form: a polynomial in var, and in floor((var + a) / c)
+    for one shift a and one divisor c (what a loop over positions allocates for the whole blocks of c among the first
+    var + a of them). Counting j = var + a as c*m + r (0 <= r < c) makes both polynomials, summed over r and m."""
+    size = sp.expand(sp.sympify(size))
+    if var not in size.free_symbols:
+        return sp.expand(size * (stop - start))
+    floors = {f for f in size.atoms(sp.floor) if var in f.free_symbols}
+    if not floors:
+        return sp.expand(sp.summation(size, (var, start, stop - 1)))
+    blocks = set()
+    for f in floors:
+        slope = sp.diff(f.args[0], var)
+        c = sp.cancel(1 / slope) if slope != 0 else None
+        if c is None or var in c.free_symbols or var in sp.expand(f.args[0] * c - var).free_symbols:
+            raise SymparamError(f"a loop's size {size}: only whole blocks of the loop index ({f} is not (i + a) // c) sum in closed form")
+        blocks.add((sp.expand(f.args[0] * c - var), c))
+    if len(blocks) > 1:
+        raise SymparamError(f"a loop's size {size}: blocks of the loop index in one shift and divisor sum in closed form, not {len(blocks)}")
+    (a, c), = blocks
+    if values and sp.sympify(start + a).xreplace(values).is_number and sp.sympify(start + a).xreplace(values) < 0:
+        raise SymparamError(f"a loop's size {size}: its blocks start before position 0")
+    m, r = sp.Dummy("m", integer=True, nonnegative=True), sp.Dummy("r", integer=True, nonnegative=True)
+    at = lambda j, q: size.xreplace({f: q for f in floors}).xreplace({var: j - a})  # noqa: E731  the size at j = var + a in block q
+
+    def below(n: sp.Expr) -> sp.Expr:  # the sum over j = 0 .. n - 1
+        q = sp.floor(n / c)
+        whole = sp.summation(sp.summation(at(c * m + r, m), (r, 0, c - 1)), (m, 0, q - 1))
+        return whole + sp.summation(at(c * q + r, q), (r, 0, n - c * q - 1))
+
+    return sp.expand(below(stop + a) - below(start + a))
 
 
 def untrained(steps: list[Op], tree: Term, trainable: Mapping[int, Term], returned: list[Storage],
