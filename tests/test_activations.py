@@ -6,8 +6,11 @@ these points it is the same polynomial (within the regime its branches took, e.g
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
 import warnings
+import weakref
 from typing import Any
 
 import pytest
@@ -24,7 +27,7 @@ from symparam.recipes import REGISTRY
 from symparam.symbols import B, S, make
 
 from families import hints, random_config, tiny_config
-from oracle import checkpointable, routing_statistics, saved_bytes
+from oracle import batch_ids, checkpointable, routing_statistics, saved_bytes, saved_by_creator, trained_model
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -97,6 +100,18 @@ def test_random_configs(family: str) -> None:
         compare(config, "bf16", "sdpa", False, POINTS[:3])
 
     check()
+
+
+def test_the_oracle_lets_go_of_each_forward() -> None:
+    """A worker runs hundreds of forwards: nothing of one may outlive it (a pack hook returning its own tensor, and the
+    dispatch mode's closure, which torch keeps, held every graph and model: 4.5 GB per long test, until CI's workers
+    were killed)."""
+    model = trained_model.__wrapped__(json.dumps(tiny_config("qwen3"), sort_keys=True), "bf16")  # not the cached one
+    weight = weakref.ref(next(model.parameters()))
+    saved_by_creator(model, batch_ids(model, 2, 5))
+    del model
+    gc.collect()
+    assert weight() is None
 
 
 def test_checked_families_are_known():
