@@ -454,7 +454,10 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
     try:
         with torch.device("meta") if fake else contextlib.nullcontext():
             torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+            try:
+                model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
+            except ValueError:  # a model without an sdpa path (Gemma 2, GPT-OSS) runs its own attention, as symparam's does
+                model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
             keep_fp32(model, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])  # as from_pretrained keeps them
             if nf4:  # bitsandbytes' 4-bit layers hold their quantization state as tensor attributes: followed too
                 model = to_nf4(model)

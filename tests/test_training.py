@@ -111,6 +111,12 @@ PEAKS = [
     ("qwen3-0.6b", "sgd", "bf16", 1, 64, False, "end of backward"),
     ("qwen3-30b-a3b", "adamw", "bf16", 1, 256, False, "optimizer step"),
     ("mistral-7b", "sgd", "bf16", 2, 256, False, "end of backward"),
+    ("gemma-2-2b-it", "adamw", "bf16", 1, 2048, False, "loss backward"),  # eager attention, softcapped logits
+    ("gemma-3-1b-it", "adamw", "bf16", 1, 4096, False, "loss backward"),  # sliding layers past their window
+    ("gpt-oss-20b", "adamw", "bf16", 1, 512, False, "optimizer step"),  # sinks, biased experts
+    ("deepseek-v3", "adamw", "bf16", 1, 256, False, "optimizer step"),  # MLA, dense then MoE layers, shared experts
+    ("minimax-m2.7", "adamw", "bf16", 1, 256, False, "optimizer step"),
+    ("nemotron-h-56b", "adamw", "bf16", 1, 256, False, "optimizer step"),  # Mamba-2, attention and MLP layers
 ]
 
 
