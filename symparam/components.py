@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import sympy as sp
@@ -103,11 +103,12 @@ def leaves(term: Term, active: bool = False, mult: sp.Expr = ONE, bucket: str | 
     yield from (item for item in walk(term, active, mult, bucket, path) if item[0].is_leaf)
 
 
-def frozen(term: Term) -> Term:
-    """A module whose parameters all have requires_grad False (BLT's patcher): each of its leaves frozen."""
+def frozen(term: Term, leaves: Container[int] | None = None) -> Term:
+    """The tree with its leaves frozen (requires_grad False: no gradient, no optimizer state): every one (a module
+    transformers builds frozen, BLT's patcher), or those of `leaves`, by identity (what no gradient reaches)."""
     if term.is_leaf:
-        return replace(term, frozen=True)
-    return replace(term, children=tuple(frozen(c) for c in term.children))
+        return replace(term, frozen=True) if leaves is None or id(term) in leaves else term
+    return replace(term, children=tuple(frozen(c, leaves) for c in term.children))
 
 
 def walk(term: Term, active: bool = False, mult: sp.Expr = ONE, bucket: str | None = None, path: str = "") -> Iterator[tuple[Term, sp.Expr, str | None, str]]:

@@ -12,18 +12,17 @@ from __future__ import annotations
 import copy
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import sympy as sp
 
-from symparam.components import ONE, Term, leaves
-from symparam.config import as_subs
+from symparam.components import ONE, Term, frozen, leaves
 from symparam.errors import SymparamError
 from symparam.memory.activations import Activations, checked_trace, kept, parts
-from symparam.memory.ops import BYTES, Storage
+from symparam.memory.ops import BYTES
 from symparam.memory.trace import Mode, Trace
 from symparam.rules import compile_rule
 from symparam.symbols import B, S, evaluate, parse
@@ -197,14 +196,8 @@ def without_gradients(model: Any, untrained: frozenset[int]) -> Any:
     """The model with the leaves no gradient reaches (trace.untrained) marked frozen: no gradient, no optimizer state."""
     if not untrained:
         return model
-
-    def mark(term: Term) -> Term:
-        if term.is_leaf:
-            return replace(term, frozen=True) if id(term) in untrained else term
-        return replace(term, children=tuple(mark(c) for c in term.children))
-
     local = copy.copy(model)
-    local.__dict__["tree"] = mark(model.tree)  # the cached tree, marked
+    local.__dict__["tree"] = frozen(model.tree, untrained)  # the cached tree, marked
     return local
 
 
