@@ -257,21 +257,30 @@ def keep_fp32(model: nn.Module, dtype: torch.dtype) -> None:
                 t.data = t.data.float()
 
 
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def built(config: Any, dtype: str, attention: str = "sdpa") -> nn.Module:
+    """transformers' causal LM of a config (a dict or its PretrainedConfig), built in `dtype` as from_pretrained(dtype=...)
+    builds it (modules transformers keeps in float32 stay so), with `attention` where it has that path."""
+    import transformers
+
+    cfg = hf_config(config) if isinstance(config, dict) else config
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attention, dtype=TORCH_DTYPES[dtype])
+    except ValueError:  # a model without an sdpa path (OpenAI GPT, CTRL, RWKV, Gemma 2, GPT-OSS) runs its own attention
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=TORCH_DTYPES[dtype])
+    keep_fp32(model, TORCH_DTYPES[dtype])
+    return model
+
+
 @functools.lru_cache(maxsize=8)  # the models of the last few configs: a worker runs thousands of tests, and the tiny MLA models are large
 def trained_model(config_json: str, dtype: str, lora_json: str = "null", nf4: bool = False, attention: str = "sdpa") -> nn.Module:
     """The tiny random transformers model of a config on CPU, built in `dtype` as from_pretrained(dtype=...) builds it
     (modules transformers keeps in float32 stay so), with `attention` where it has that path, in training mode, once;
     with peft's LoRA adapters where `lora_json` gives a LoraConfig's arguments."""
-    import transformers
-
     torch.manual_seed(0)
-    cfg = hf_config(json.loads(config_json))
-    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attention, dtype=torch_dtype)
-    except ValueError:  # a model without an sdpa path (OpenAI GPT, CTRL, RWKV) runs its own attention in every mode
-        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch_dtype)
-    keep_fp32(model, torch_dtype)
+    model = built(json.loads(config_json), dtype, attention)
     if nf4:
         model = to_nf4(model)
     lora = json.loads(lora_json)
@@ -410,7 +419,6 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
     (symparam leaves them out); with it, the phase and operation of the peak."""
     import weakref
 
-    import transformers
     import transformers.masking_utils as masking
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -454,11 +462,7 @@ def step_peak(config: dict[str, Any], optimizer: str = "adamw", dtype: str = "bf
     try:
         with torch.device("meta") if fake else contextlib.nullcontext():
             torch.manual_seed(0)
-            try:
-                model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
-            except ValueError:  # a model without an sdpa path (Gemma 2, GPT-OSS) runs its own attention, as symparam's does
-                model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).train()
-            keep_fp32(model, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])  # as from_pretrained keeps them
+            model = built(cfg, dtype).train()
             if nf4:  # bitsandbytes' 4-bit layers hold their quantization state as tensor attributes: followed too
                 model = to_nf4(model)
             if lora is not None:

@@ -21,7 +21,7 @@ from symparam.memory.training import optimizer, parameter_tensors, terms, traini
 from symparam.symbols import B, S, evaluate
 
 from families import tiny_config
-from oracle import hf_config, keep_fp32, normal, step_peak
+from oracle import built, hf_config, normal, step_peak
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -150,15 +150,10 @@ def test_gradients_reach_the_parameters_a_real_backward_reaches(family: str) -> 
     nothing that reaches the loss (DSA indexers run under no_grad or yield only indices; Mllama's cross-attention layers
     without an image), against the parameters whose .grad a real backward of the tiny model leaves None."""
     import torch
-    import transformers
 
     config = tiny_config(family)
     torch.manual_seed(0)
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(hf_config(config), attn_implementation="sdpa", dtype=torch.bfloat16)
-    except ValueError:  # no sdpa path: its own attention
-        model = transformers.AutoModelForCausalLM.from_config(hf_config(config), attn_implementation="eager", dtype=torch.bfloat16)
-    keep_fp32(model, torch.bfloat16)
+    model = built(config, "bf16")
     ids = torch.randint(0, model.config.get_text_config().vocab_size, (1, 5))  # xLSTM's backward fails from a chunk of 8 on
     model.train()(input_ids=ids, labels=ids).loss.backward()
     real: dict[str, int] = {}
