@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import logging
 import re
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -355,16 +357,26 @@ def routing_statistics(config: dict[str, Any], dtype: str, batch: int, seq: int,
     return {symbol: Fraction(count, rows) for symbol, (count, rows) in found.items()}
 
 
+class Packed:
+    """What the pack hook hands autograd for one save: alive as long as autograd keeps that save."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
 def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict[int, tuple[int, str]]:
-    """One training forward with the loss under a `saved_tensors_hooks` pack hook: every storage autograd keeps
-    (parameters and buffers left out), once, with its bytes and the module whose forward allocated it (a dispatch mode
-    notes each new storage's maker; the batch is "(inputs)"). `local`: the tensor a DTensor computes on."""
+    """One training forward with the loss under a `saved_tensors_hooks` pack hook: every storage autograd still keeps
+    once the forward returns (parameters and buffers left out; a branch the forward dropped, such as a router's group
+    scores, freed its saves with its nodes), once, with its bytes and the module whose forward allocated it (a dispatch
+    mode notes each new storage's maker; the batch is "(inputs)"). `local`: the tensor a DTensor computes on."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
     alive = [*model.parameters(), *model.buffers()]  # each tensor held to the end, so no save reuses a freed address
     weights = {local(t).untyped_storage().data_ptr() for t in alive}  # (a buffer the forward replaces: XGLM's positions past S)
-    stack, created, saved = [""], {}, {}
+    stack, created, saved, packed = [""], {}, {}, []
     hooks = []
     for name, module in model.named_modules():
         hooks.append(module.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
@@ -380,22 +392,60 @@ def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tenso
                         created.setdefault(local(t).untyped_storage().data_ptr(), stack[-1])
             return out
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> Packed:
         alive.append(t)  # held: a save whose node the forward drops must not free its address for a later save
         storage = local(t).untyped_storage()
         if storage.data_ptr() not in weights and storage.data_ptr() not in saved:
             saved[storage.data_ptr()] = (storage.nbytes(), created.get(storage.data_ptr(), "(inputs)"))
-        return t.detach()  # not t: a node holding its own output through the hook is a cycle no collector frees
+        held = Packed(t.detach())  # not t: a node holding its own output through the hook is a cycle no collector frees
+        packed.append((weakref.ref(held), storage.data_ptr()))
+        return held
 
     created[ids.untyped_storage().data_ptr()] = "(inputs)"  # the batch's, also where a model first views it
     try:
-        with Creators(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=ids, labels=ids)
+        with Creators(), torch.autograd.graph.saved_tensors_hooks(pack, lambda held: held.tensor):
+            out = model(input_ids=ids, labels=ids)
     finally:
         for h in hooks:
             h.remove()
         alive.clear()  # torch keeps the mode's class, and with it this closure: what it held goes now
-    return saved
+    gc.collect()
+    kept = {ptr for ref, ptr in packed if ref() is not None}  # the saves of nodes the outputs' graphs still hold
+    del out
+    return {ptr: entry for ptr, entry in saved.items() if ptr in kept}
+
+
+def tensors_in(obj: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """Every tensor an output object reaches: a ModelOutput's fields, a cache's layers and their tensors, lists in them."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, type, nn.Module)):
+        return []
+    seen.add(id(obj))
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else vars(obj).values() if hasattr(obj, "__dict__") else ()
+    return [t for item in items for t in tensors_in(item, seen)]
+
+
+def held_by_caller(config: dict[str, Any], dtype: str = "bf16", batch: int = 2, seq: int = 9) -> dict[str, int]:
+    """What the caller holds once a training forward with the loss returns, through the step (the outputs: the loss, the
+    logits, a cache's keys, values and states): bytes of each storage the outputs reach, once, by where the output
+    holds it ("loss", "logits", "past_key_values", ...), parameters, buffers and the batch left out."""
+    model = trained_model(json.dumps(config, sort_keys=True), dtype)
+    model.gradient_checkpointing_disable()
+    ids = batch_ids(model, batch, seq)
+    skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), ids]}
+    out = model(input_ids=ids, labels=ids)
+    found: dict[int, tuple[str, int]] = {}
+    for field_name, value in out.items():
+        for t in tensors_in(value):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in skip:
+                found.setdefault(storage.data_ptr(), (field_name, storage.nbytes()))
+    held: dict[str, int] = {}
+    for field_name, nbytes in found.values():
+        held[field_name] = held.get(field_name, 0) + nbytes
+    return held
 
 
 def by_module(saved: dict[int, tuple[int, str]], modules: set[str] | None, name_of: Callable[[str], str] = normal) -> dict[str, int]:

@@ -95,14 +95,15 @@ class Activations:
 
 
 def kept(t: Trace, checkpointing: str = "none") -> list[Storage]:
-    """The storages autograd keeps, each once: all the forward saved, or with full checkpointing what is saved outside
-    the decoder layers plus each layer's input. A stack's layer-input storage stands for the embedding output it covers."""
+    """The storages autograd keeps, each once: all the forward saved (but what a branch it drops saved), or with full
+    checkpointing what is saved outside the decoder layers plus each layer's input. A stack's layer-input storage stands
+    for the embedding output it covers."""
     if checkpointing not in CHECKPOINTING:
         raise SymparamError(f"--checkpointing: unknown {checkpointing!r}; known: {', '.join(CHECKPOINTING)}")
-    saves = [s for s, _ in t.saved]
+    saves = [s for i, (s, _) in enumerate(t.saved) if i not in t.dropped]  # a branch the forward drops frees its saves
     if checkpointing == "full":
         inside = {i for call in t.layers for i in call.saves}
-        saves = [s for i, (s, _) in enumerate(t.saved) if i not in inside] + [s for call in t.layers for s in call.inputs]
+        saves = [s for i, (s, _) in enumerate(t.saved) if i not in inside and i not in t.dropped] + [s for call in t.layers for s in call.inputs]
     saves = [k for s in saves for k in s.allocated()]
     unique = once([s for s in saves if not s.param])
     covered = {c.ident for s in unique for c in s.covers}

@@ -707,6 +707,12 @@ def vector_norm(ctx: Context, x: Value, dim: int) -> Value:
     return out
 
 
+def write(ctx: Context, dst: Value, src: Value) -> Value:
+    """dst[...] = src: src copied into a slice of dst (copy_), which then takes its gradient; nothing saved, nothing
+    allocated (the rows a loop writes into its output)."""
+    return replace(dst, grad=dst.grad or (src.grad and ctx.grad_enabled))
+
+
 def detach(ctx: Context, x: Value) -> Value:
     """The same tensor, cut from the graph."""
     return replace(x, grad=False)

@@ -829,7 +829,8 @@ class Activation:
         layers = [LayerCall(c.path, sp.sympify(c.layers).xreplace(rank.stage.renamed), tuple(map(storage, c.inputs)), within(c.saves), tuple(map(storage, c.arguments)))
                   for c in t.layers]
         held = [storage(s) for s in t.held if self.on(rank, s.module, s.op)]
-        return Trace([], [(storage(t.saved[i][0]), t.saved[i][1]) for i in keep], layers, list(t.assumed), dict(t.kernels), ops, held, dict(t.uncheckpointed))
+        return Trace([], [(storage(t.saved[i][0]), t.saved[i][1]) for i in keep], layers, list(t.assumed), dict(t.kernels), ops, held, dict(t.uncheckpointed),
+                     t.untrained, frozenset(j for j, i in enumerate(keep) if i in t.dropped))
 
     def storages(self, rank: Rank) -> list[Any]:
         """The storages autograd keeps on the rank, with the sizes and copies it holds."""

@@ -54,6 +54,12 @@ class Trace:
 
     uncheckpointed: dict[str, str] = field(default_factory=dict)  # layer stack -> why transformers cannot checkpoint it
     untrained: frozenset[int] = frozenset()  # the tree's trainable leaves (by identity) that get no gradient
+    dropped: frozenset[int] = frozenset()  # saves (indices into saved) of a branch the forward drops: freed with it
+
+    @property
+    def held_once(self) -> list[Storage]:
+        """What the caller holds, each storage once (a tensor it holds twice is held once)."""
+        return list({s.ident: s for s in self.held}.values())
 
     @property
     def loss_saves(self) -> list[Storage]:
@@ -133,7 +139,6 @@ class Interpreter:
         self.kinds: dict[str, Module] = {}  # inside a stack: module path in the layer -> its module
         self.share: Callable[[sp.Expr], sp.Expr] | None = None  # a run of part of a stack: a layer count -> its layers in the run
         self.layer_values: Any = None  # the config's values, for which layers a layer-count symbol selects
-        self.returned: list[Storage] = []  # what decoder layers return: the next layer reads it through the stack's input
         self.stands: dict[int, list[Storage]] = {}  # a storage standing for others (a layer's state arguments): those
         self.leaf_of: dict[int, Term] = {}  # a parameter's storage -> the tree's leaf it reads
         self.calls: list[range] = []  # each module call's operations (indices into ctx.ops)
@@ -147,10 +152,15 @@ class Interpreter:
         loss = self.call_module(Module(root, root.key, ONE), [ids, labels], {})
         if isinstance(loss, Value):
             self.ctx.held.append(loss.storage)
-        kept = {k.ident for s, _ in self.ctx.saved for k in s.allocated()}
+        reach = Reach(self.ctx.ops, self.ctx.held, self.stands, self.calls)  # what the caller holds keeps its graphs
+        dropped = reach.dropped()
+        # a layer stack nothing reaches goes with its checkpoints (BLT's patcher)
+        layers = [call for call in self.layers if any(s.ident in reach.needed for s in call.inputs)]
+        kept = {k.ident for i, (s, _) in enumerate(self.ctx.saved) if i not in dropped for k in s.allocated()}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
-        return Trace(steps, self.ctx.saved, self.layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held,
-                     self.uncheckpointed, untrained(self.ctx.ops, self.model.tree, self.trainable_leaves(), self.returned, self.stands, self.leaf_of, self.calls))
+        return Trace(steps, self.ctx.saved, layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held,
+                     self.uncheckpointed,
+                     Reach(self.ctx.ops, [], self.stands, self.calls).untrained(self.model.tree, self.trainable_leaves(), self.leaf_of), dropped)
 
     def trainable_leaves(self) -> dict[int, Term]:
         """The tree's parameter leaves the mode trains, by identity (frozen ones, buffers and tied copies left out)."""
@@ -251,6 +261,7 @@ class Interpreter:
         if all(n == 0 or (self.values and sp.sympify(n).xreplace(self.values) == 0) for _, n in rest):
             return out
         prior = Storage(x.storage.numel, x.dtype, module.path, "layer output")
+        self.stands[prior.ident] = [out.storage]  # layer 0's output, which layer 1 reads
         follow = Value(x.shape, ops.dense(x.shape), x.dtype, prior, out.grad)
         self.share = lambda n: sp.expand(n - self.first_layer(n))
         try:
@@ -326,7 +337,8 @@ class Interpreter:
             out = self.execute(program, module.path, runs * layers, [inner, *given], used, dict(term.code.env), {}, "", term.code.entries)
         finally:
             self.slots, self.kinds = outer_slots, outer_kinds
-        self.returned += [v.storage for v in tree_values(out)]
+        returned = [v.storage for v in tree_values(out)]  # the next layer reads it through its input, the stack's caller
+        self.stands.setdefault(inputs.ident, []).extend(returned)  # through the last layer's output
         out, carried = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
         for j, state in states.items():  # a layer returning (x, state, ...) hands each later result to the next layer's argument in
             c = carried[j] if j < len(carried) else None  # its place (ZAYA's router state, Reformer's second half): what layers
@@ -363,9 +375,16 @@ class Interpreter:
         arguments = tuple(v.storage for v in tree_values(kwargs))
         self.layers.append(LayerCall(module.path, runs * layers, kept, range(start, len(self.ctx.saved)), arguments))
         last = Storage(out.storage.numel, out.dtype, maker, "last layer output", runs)
+        self.stands[last.ident] = returned
         if carried:
-            return (replace(out, storage=last), *(replace(c, storage=Storage(c.storage.numel, c.dtype, c.storage.module, "last layer state", runs)) if isinstance(c, Value) else c for c in carried))
+            return (replace(out, storage=last), *(self.last_state(c, runs) if isinstance(c, Value) else c for c in carried))
         return replace(out, storage=last)
+
+    def last_state(self, c: Value, runs: sp.Expr) -> Value:
+        """A state the last layer hands on, as the stack returns it: it stands for what the layers return."""
+        last = Storage(c.storage.numel, c.dtype, c.storage.module, "last layer state", runs)
+        self.stands[last.ident] = [c.storage]
+        return replace(c, storage=last)
 
     def call_variants(self, variants: Variants, args: list[Any], kwargs: dict[str, Any]) -> Any:
         """A slot whose module differs by layer kind: each kind's module on the same inputs; the results merge."""
@@ -548,21 +567,44 @@ class Frame:
         var = scope[stmt.target.id] = sp.Symbol(stmt.target.id, integer=True, nonnegative=True)
         mark = next(ops._ids)  # storages the body allocates come after
         marks = (len(it.ctx.saved), len(it.ctx.steps), len(it.ctx.ops), len(it.ctx.held))
+        entering = {name: v.storage for name, v in scope.items() if isinstance(v, Value)}
         try:
             self.block(stmt.body, scope)
         finally:
             self.copies, it.ctx.copies, self.loop = outer
+        carried = {e.ident: scope[name].storage for name, e in entering.items()
+                   if isinstance(scope.get(name), Value) and scope[name].storage.ident != e.ident}
         sizes = {s.ident: s.numel for s in self.allocated_since(mark, marks)}
-        if not any(var in sp.sympify(n).free_symbols for n in sizes.values()):
-            return
-        if varies and at.is_number:
-            it.assumed.append(count >= 1)
-        totals = {k: summed(n, var, start, stop, it.values) for k, n in sizes.items()}
-        once = lambda s: replace(s, numel=totals[s.ident], copies=sp.cancel(s.copies / count)) if s.ident in sizes else s  # noqa: E731
-        self.rewrite(once, {var: stop - 1}, marks)
-        for name, value in list(scope.items()):  # what leaves the loop: the last iteration's
+        if any(var in sp.sympify(n).free_symbols for n in sizes.values()):
+            if varies and at.is_number:
+                it.assumed.append(count >= 1)
+            totals = {k: summed(n, var, start, stop, it.values) for k, n in sizes.items()}
+            once = lambda s: replace(s, numel=totals[s.ident], copies=sp.cancel(s.copies / count)) if s.ident in sizes else s  # noqa: E731
+            self.rewrite(once, {var: stop - 1}, marks)
+            for name, value in list(scope.items()):  # what leaves the loop: the last iteration's
+                if isinstance(value, Value):
+                    scope[name] = self.at_last(value, once, {var: stop - 1})
+            carried = {e: once(s) for e, s in carried.items()}
+            but_last = lambda s: replace(s, numel=summed(sizes[s.ident], var, start, stop - 1, it.values), ident=next(ops._ids))  # noqa: E731
+        else:
+            but_last = lambda s: replace(s, copies=sp.expand(s.copies * (count - 1) / count), ident=next(ops._ids))  # noqa: E731
+        self.carry({e: (s, but_last(s)) for e, s in carried.items() if s.ident in sizes}, scope, marks)
+
+    def carry(self, carried: dict[int, tuple[Storage, Storage]], scope: dict[str, Any], marks: tuple[int, int, int, int]) -> None:
+        """A name the body reassigns: what the body reads of it is, from the second iteration on, what it made the
+        iteration before (the body runs once here). Where the body saves it, it saves those too: every iteration's
+        but the last, which the code after the loop keeps (then all of them are kept: they cover the others) or drops."""
+        it, ctx = self.it, self.it.ctx
+        for e, (made, earlier) in carried.items():
+            it.stands.setdefault(e, []).append(made)
+        covering = {made.ident: replace(made, covers=made.covers + (earlier,)) for made, earlier in carried.values()}
+        cover = lambda s: covering.get(s.ident, s)  # noqa: E731
+        self.rewrite(cover, {}, marks)
+        for name, value in list(scope.items()):
             if isinstance(value, Value):
-                scope[name] = self.at_last(value, once, {var: stop - 1})
+                scope[name] = replace(value, storage=cover(value.storage))
+        ctx.saved[marks[0]:] = [(replace(s, kinds=(s, carried[s.ident][1])) if s.ident in carried and not s.kinds else s, m)
+                                for s, m in ctx.saved[marks[0]:]]
 
     def allocated_since(self, mark: int, marks: tuple[int, int, int, int]) -> list[Storage]:
         """The storages the operations since `mark` allocated, as the trace records them."""
@@ -828,51 +870,77 @@ def summed(size: sp.Expr, var: sp.Symbol, start: sp.Expr, stop: sp.Expr, values:
     return sp.expand(below(stop + a) - below(start + a))
 
 
-def untrained(steps: list[Op], tree: Term, trainable: Mapping[int, Term], returned: list[Storage],
-              stands: Mapping[int, list[Storage]], leaf_of: Mapping[int, Term], calls: list[range]) -> frozenset[int]:
-    """The trainable parameters that get no gradient: nothing they are read into reaches the loss, read backward from
-    the loss and from what each decoder layer returns (the next layer reads it through the stack's input). So
-    DeepSeek-V3.2's indexer, read under no_grad, MiniMax-M3's, whose scores only pick block indices, and Mllama's
-    cross-attention layers without an image, which read nothing, where the self-attention layers' modules of the same
-    names do. A tensor made from nothing that needs a gradient stands for what made it (a scan's rows written into it,
-    a custom Function's output); the leaves of one tensor split in the tree (LongCat-Flash's zero experts' rows of
-    gate_up_proj) train together."""
-    needed: set[int] = set()
+class Reach:
+    """What reaches the roots, read backward over the forward's operations: for gradients the loss, for what autograd
+    keeps everything the caller holds (the loss, the logits, a cache: their graphs stay alive); and what each decoder
+    layer returns (the next layer reads it through the stack's input). An operation none of whose results reach it is a branch the forward drops (a router's group
+    selection, whose scores only pick indices; DeepSeek-V3.2's indexer): autograd frees what it saved when the branch's
+    results go, and its parameters get no gradient. A tensor made from nothing that needs a gradient takes it from what
+    is written into it (`write`: a loop's rows); one nothing is written into stands for all the code of the module
+    call that makes it (a custom Function's output)."""
 
-    def need(s: Storage) -> None:
-        if s.ident not in needed:
-            needed.add(s.ident)
-            for part in (*s.kinds, *s.covers, *stands.get(s.ident, ())):
-                need(part)
+    def __init__(self, steps: list[Op], roots: list[Storage], stands: Mapping[int, list[Storage]], calls: list[range]):
+        self.steps = steps
+        self.needed: set[int] = set()  # storages
+        self.live: set[int] = set()  # operations (indices) whose results reach
+        self.reads: set[int] = set()  # parameter storages read into what reaches
+        self.stands = stands
+        written = {op.outputs[0].storage.ident for op in steps if op.name == "write"}
+        for s in [*roots, *(v.storage for v in (steps[-1].outputs if steps else ()))]:
+            self.need(s)
+        while self.sweep(written, calls):  # again until nothing new reaches: a loop's body reads what it makes later
+            pass
 
-    for s in [*returned, *(v.storage for v in (steps[-1].outputs if steps else ()))]:
-        need(s)
-    reached: set[int] = set()  # parameter storages read into what reaches the loss
+    def sweep(self, written: set[int], calls: list[range]) -> bool:
+        """One pass backward over the operations; whether it found one more that reaches."""
+        steps, found = self.steps, (len(self.live), len(self.needed))
+        for i in range(len(steps) - 1, -1, -1):
+            op = steps[i]
+            if not any(v.grad and v.storage.ident in self.needed for v in op.outputs):
+                continue
+            self.feeds(i)
+            if not any(v.grad for v in op.inputs) and not any(v.storage.ident in written for v in op.outputs):
+                call = min((c for c in calls if i in c), key=len, default=range(0))  # a stand-in: what the module call
+                for j in call:  # making it computes, before or after it, feeds it (under no_grad too): a custom
+                    if op.name == "requires_grad_" or steps[j].module == op.module:  # Function's output (requires_grad_)
+                        self.feeds(j, grad_only=False)  # all of it, the modules it calls included; else its own code's
+        return (len(self.live), len(self.needed)) != found
 
-    def feeds(op: Op, grad_only: bool = True) -> None:
+    def need(self, s: Storage) -> None:
+        if s.ident not in self.needed:
+            self.needed.add(s.ident)
+            for part in (*s.kinds, *s.covers, *self.stands.get(s.ident, ())):
+                self.need(part)
+
+    def feeds(self, i: int, grad_only: bool = True) -> None:
+        op = self.steps[i]
+        self.live.add(i)
         for v in op.outputs:
             if v.grad:
-                need(v.storage)
+                self.need(v.storage)
         for v in op.inputs:
             if v.grad or not grad_only:
-                if v.storage.ident in leaf_of:
-                    reached.add(v.storage.ident)
-                elif not v.storage.param:
-                    need(v.storage)
+                if v.storage.param:
+                    self.reads.add(v.storage.ident)
+                else:
+                    self.need(v.storage)
 
-    for i in range(len(steps) - 1, -1, -1):
-        op = steps[i]
-        if not any(v.grad and v.storage.ident in needed for v in op.outputs):
-            continue
-        feeds(op)
-        if not any(v.grad for v in op.inputs):  # a stand-in: what the module call making it computes, before or after
-            call = min((c for c in calls if i in c), key=len, default=range(0))  # it, feeds it (under no_grad too):
-            for j in call:  # a custom Function's output (requires_grad_) all of it, the modules it calls included;
-                if op.name == "requires_grad_" or steps[j].module == op.module:  # rows a program writes into
-                    feeds(steps[j], grad_only=False)  # (a tensor made needing a gradient) its own code's
-    tensor = tensors_of(tree)
-    read = {tensor[id(leaf_of[i])] for i in reached}
-    return frozenset(i for i in trainable if tensor[i] not in read)
+    def dropped(self) -> frozenset[int]:
+        """The saves of operations whose results reach nothing; a custom Function's save_for_backward, which has no
+        results, keeps what it saves where that reaches (BLOOM's GeLU keeps its input)."""
+        def kept(i: int, op: Op) -> bool:
+            return i in self.live or (not op.outputs and any(v.storage.ident in self.needed for v in op.inputs))
+
+        return frozenset(j for i, op in enumerate(self.steps) if not kept(i, op) for j in op.saves)
+
+    def untrained(self, tree: Term, trainable: Mapping[int, Term], leaf_of: Mapping[int, Term]) -> frozenset[int]:
+        """The trainable leaves (by identity) that get no gradient: none of what reads them reaches (DSA indexers, read
+        under no_grad or into indices; Mllama's cross-attention layers without an image, which read nothing, where the
+        self-attention layers' modules of the same names do). The leaves of one tensor split in the tree (LongCat-Flash's
+        zero experts' rows of gate_up_proj) train together."""
+        tensor = tensors_of(tree)
+        read = {tensor[id(leaf_of[i])] for i in self.reads if i in leaf_of}
+        return frozenset(i for i in trainable if tensor[i] not in read)
 
 
 def tensors_of(tree: Term) -> dict[int, tuple[int, str]]:
@@ -1036,6 +1104,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "baddbmm": lambda ctx, base, a, b, beta=1, alpha=1: ops.baddbmm(ctx, base, a, b),  # beta * base + alpha * (a @ b)
     "vector_norm": ops.vector_norm,
     "detach": ops.detach,
+    "write": ops.write,
     "cumsum": lambda ctx, x, dim=-1, dtype=None: ctx.new(x.shape, dtype or (x.dtype if x.dtype in ops.FLOATS else "int64"), "cumsum", x.grad),
     "convolution": lambda ctx, x, weight, bias=None, padding=0, groups=1: ops.conv1d(ctx, x, weight, bias or None, padding, groups),
     "select": lambda ctx, x, dim, index: ops.select(ctx, x, int(dim), index),

@@ -210,10 +210,9 @@ def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, g
     base = weights + states + inputs
     kept_storages = kept(t, activations.checkpointing)
     kept_ids = {s.ident for s in kept_storages}
-    held_once = list({s.ident: s for s in t.held}.values())  # a tensor the caller holds twice is held once
-    held = [s for s in held_once if s.ident not in kept_ids]
+    held = [s for s in t.held_once if s.ident not in kept_ids]
     held_bytes = sp.Add(*(s.copies * s.bytes for s in held))
-    all_held = sp.Add(*(s.copies * s.bytes for s in held_once))
+    all_held = sp.Add(*(s.copies * s.bytes for s in t.held_once))
     saved_inputs = sp.Add(*(s.copies * s.bytes for s in kept_storages if s.op in ("token ids", "labels")))
     loss_saves = sp.Add(*(s.copies * s.bytes for s in t.loss_saves if s.ident in kept_ids))
     gradient_of = t.loss_gradients  # the gradients of the loss head's last two allocating operations' inputs
