@@ -21,7 +21,7 @@ from symparam.memory.training import optimizer, parameter_tensors, terms, traini
 from symparam.symbols import B, S, evaluate
 
 from families import tiny_config
-from oracle import built, hf_config, normal, step_peak
+from oracle import built, held_by_caller, hf_config, normal, step_peak
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -167,6 +167,22 @@ def test_gradients_reach_the_parameters_a_real_backward_reaches(family: str) -> 
         if not x.trainable:
             ours[x.path] = ours.get(x.path, 0) + evaluate(x.count * x.numel, as_subs(mine.values))
     assert ours == real
+
+
+@pytest.mark.parametrize("family", sorted(checked_families()))
+def test_the_outputs_the_caller_holds_equal_a_real_forward(family: str) -> None:
+    """What every moment of the step's peak counts as held by the caller (the loss, the logits, and where the config's
+    use_cache is on the cache a training forward builds: keys, values, states), in bytes, against the storages a real
+    training forward's outputs reach; below the tiny configs' window of 16 and past it."""
+    config = tiny_config(family)
+    model = symparam.load(config)
+    for batch, seq in ((2, 9), (1, 17)):
+        real = held_by_caller(config, "bf16", batch, seq)
+        values = {**as_subs(model.values), B: batch, S: seq}
+        mine: dict[str, int] = {}
+        for s in trace(model, Mode(act="bf16"), {B: batch, S: seq}).held_once:
+            mine[s.module or s.op] = mine.get(s.module or s.op, 0) + evaluate(s.copies * s.bytes, values)
+        assert sum(mine.values()) == sum(real.values()), f"B={batch}, S={seq}: symparam {mine}, the outputs {real}"
 
 
 def test_fake_run_equals_a_real_run() -> None:
