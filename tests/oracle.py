@@ -427,24 +427,30 @@ def tensors_in(obj: Any, seen: set[int] | None = None) -> list[torch.Tensor]:
     return [t for item in items for t in tensors_in(item, seen)]
 
 
+def attribute_tensors(model: Any) -> list[torch.Tensor]:
+    """The tensors modules keep as plain attributes, neither parameters nor buffers (a recurrent block's states)."""
+    return [t for m in model.modules() for key, value in vars(m).items() if not key.startswith("_") for t in tensors_in(value)]
+
+
 def held_by_caller(config: dict[str, Any], dtype: str = "bf16", batch: int = 2, seq: int = 9) -> dict[str, int]:
-    """What the caller holds once a training forward with the loss returns, through the step (the outputs: the loss, the
-    logits, a cache's keys, values and states): bytes of each storage the outputs reach, once, by where the output
-    holds it ("loss", "logits", "past_key_values", ...), parameters, buffers and the batch left out."""
+    """What stays alive once a training forward with the loss returns, through the step: the outputs (the loss, the
+    logits, a cache's keys, values and states) and the tensors the forward left in modules' attributes (RecurrentGemma's
+    states): bytes of each storage, once, by where it is held ("loss", "logits", "past_key_values", ..., "(modules)"),
+    parameters, buffers and the batch left out."""
     model = trained_model(json.dumps(config, sort_keys=True), dtype)
     model.gradient_checkpointing_disable()
     ids = batch_ids(model, batch, seq)
-    skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), ids]}
+    skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), ids, *attribute_tensors(model)]}
     out = model(input_ids=ids, labels=ids)
     found: dict[int, tuple[str, int]] = {}
-    for field_name, value in out.items():
-        for t in tensors_in(value):
+    for where, tensors in [*((name, tensors_in(value)) for name, value in out.items()), ("(modules)", attribute_tensors(model))]:
+        for t in tensors:
             storage = t.untyped_storage()
             if storage.data_ptr() not in skip:
-                found.setdefault(storage.data_ptr(), (field_name, storage.nbytes()))
+                found.setdefault(storage.data_ptr(), (where, storage.nbytes()))
     held: dict[str, int] = {}
-    for field_name, nbytes in found.values():
-        held[field_name] = held.get(field_name, 0) + nbytes
+    for where, nbytes in found.values():
+        held[where] = held.get(where, 0) + nbytes
     return held
 
 
