@@ -115,6 +115,9 @@ PEAKS = [
     ("gemma-3-1b-it", "adamw", "bf16", 1, 4096, False, "loss backward"),  # sliding layers past their window
     ("gpt-oss-20b", "adamw", "bf16", 1, 512, False, "optimizer step"),  # sinks, biased experts
     ("deepseek-v3", "adamw", "bf16", 1, 256, False, "optimizer step"),  # MLA, dense then MoE layers, shared experts
+    ("glm-5", "adamw", "bf16", 1, 256, False, "optimizer step"),  # DSA: the cache keeps the indexer's keys
+    ("kimi-linear-48b-a3b", "adamw", "bf16", 1, 256, False, "optimizer step"),  # the cache's KDA states keep their last update's saves
+    ("qwen3.5-27b", "adamw", "bf16", 1, 256, False, "optimizer step"),  # Gated DeltaNet: the same
     ("minimax-m2.7", "adamw", "bf16", 1, 256, False, "optimizer step"),
     ("nemotron-h-56b", "adamw", "bf16", 1, 256, False, "optimizer step"),  # Mamba-2, attention and MLP layers
 ]

@@ -37,6 +37,7 @@ class Storage:
     covers: tuple[Storage, ...] = ()  # storages it stands for (the embedding output that is layer 0's input)
     kinds: tuple[Storage, ...] = ()  # a tensor merged from layer kinds: the storage each kind's layers allocated
     partial: bool = False  # saved by the layers of one kind only: `copies` are those layers
+    earlier: tuple[Storage, ...] = ()  # a loop's carried tensor: the part made before its last iteration (covered too)
     ident: int = field(default_factory=lambda: next(_ids))
 
     @property

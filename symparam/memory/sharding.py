@@ -830,7 +830,7 @@ class Activation:
                   for c in t.layers]
         held = [storage(s) for s in t.held if self.on(rank, s.module, s.op)]
         return Trace([], [(storage(t.saved[i][0]), t.saved[i][1]) for i in keep], layers, list(t.assumed), dict(t.kernels), ops, held, dict(t.uncheckpointed),
-                     t.untrained, frozenset(j for j, i in enumerate(keep) if i in t.dropped))
+                     t.untrained, frozenset(j for j, i in enumerate(keep) if i in t.dropped), frozenset(j for j, i in enumerate(keep) if i in t.lingering))
 
     def storages(self, rank: Rank) -> list[Any]:
         """The storages autograd keeps on the rank, with the sizes and copies it holds."""

@@ -55,6 +55,7 @@ class Trace:
     uncheckpointed: dict[str, str] = field(default_factory=dict)  # layer stack -> why transformers cannot checkpoint it
     untrained: frozenset[int] = frozenset()  # the tree's trainable leaves (by identity) that get no gradient
     dropped: frozenset[int] = frozenset()  # saves (indices into saved) of a branch the forward drops: freed with it
+    lingering: frozenset[int] = frozenset()  # saves only what the caller holds reaches: backward never frees them
 
     @property
     def held_once(self) -> list[Storage]:
@@ -153,14 +154,15 @@ class Interpreter:
         if isinstance(loss, Value):
             self.ctx.held.append(loss.storage)
         reach = Reach(self.ctx.ops, self.ctx.held, self.stands, self.calls)  # what the caller holds keeps its graphs
+        to_loss = Reach(self.ctx.ops, [], self.stands, self.calls)  # what backward runs, freeing what it saved
         dropped = reach.dropped()
+        lingering = frozenset(j for i, op in enumerate(self.ctx.ops) if reach.keeps(i, op) and not to_loss.keeps(i, op) for j in op.saves)
         # a layer stack nothing reaches goes with its checkpoints (BLT's patcher)
-        layers = [call for call in self.layers if any(s.ident in reach.needed for s in call.inputs)]
+        layers = [call for call in self.layers if any(s.ident in reach.needed for s in call.inputs) or set(call.saves) - dropped]
         kept = {k.ident for i, (s, _) in enumerate(self.ctx.saved) if i not in dropped for k in s.allocated()}
         steps = [replace(s, saved=s.storage is not None and s.storage.ident in kept) for s in self.ctx.steps]
         return Trace(steps, self.ctx.saved, layers, list(dict.fromkeys(self.assumed)), self.kernels, self.ctx.ops, self.ctx.held,
-                     self.uncheckpointed,
-                     Reach(self.ctx.ops, [], self.stands, self.calls).untrained(self.model.tree, self.trainable_leaves(), self.leaf_of), dropped)
+                     self.uncheckpointed, to_loss.untrained(self.model.tree, self.trainable_leaves(), self.leaf_of), dropped, lingering)
 
     def trainable_leaves(self) -> dict[int, Term]:
         """The tree's parameter leaves the mode trains, by identity (frozen ones, buffers and tied copies left out)."""
@@ -597,7 +599,7 @@ class Frame:
         it, ctx = self.it, self.it.ctx
         for e, (made, earlier) in carried.items():
             it.stands.setdefault(e, []).append(made)
-        covering = {made.ident: replace(made, covers=made.covers + (earlier,)) for made, earlier in carried.values()}
+        covering = {made.ident: replace(made, covers=made.covers + (earlier,), earlier=(earlier,)) for made, earlier in carried.values()}
         cover = lambda s: covering.get(s.ident, s)  # noqa: E731
         self.rewrite(cover, {}, marks)
         for name, value in list(scope.items()):
@@ -925,13 +927,14 @@ class Reach:
                 else:
                     self.need(v.storage)
 
-    def dropped(self) -> frozenset[int]:
-        """The saves of operations whose results reach nothing; a custom Function's save_for_backward, which has no
-        results, keeps what it saves where that reaches (BLOOM's GeLU keeps its input)."""
-        def kept(i: int, op: Op) -> bool:
-            return i in self.live or (not op.outputs and any(v.storage.ident in self.needed for v in op.inputs))
+    def keeps(self, i: int, op: Op) -> bool:
+        """Whether the operation's saves stay: its results reach; a custom Function's save_for_backward, which has no
+        results, where what it saves reaches (BLOOM's GeLU keeps its input)."""
+        return i in self.live or (not op.outputs and any(v.storage.ident in self.needed for v in op.inputs))
 
-        return frozenset(j for i, op in enumerate(self.steps) if not kept(i, op) for j in op.saves)
+    def dropped(self) -> frozenset[int]:
+        """The saves of operations whose results reach nothing."""
+        return frozenset(j for i, op in enumerate(self.steps) if not self.keeps(i, op) for j in op.saves)
 
     def untrained(self, tree: Term, trainable: Mapping[int, Term], leaf_of: Mapping[int, Term]) -> frozenset[int]:
         """The trainable leaves (by identity) that get no gradient: none of what reads them reaches (DSA indexers, read

@@ -21,7 +21,7 @@ import sympy as sp
 
 from symparam.components import ONE, Term, frozen, leaves
 from symparam.errors import SymparamError
-from symparam.memory.activations import Activations, checked_trace, kept, parts
+from symparam.memory.activations import Activations, checked_trace, kept, once, parts
 from symparam.memory.ops import BYTES
 from symparam.memory.trace import Mode, Trace
 from symparam.rules import compile_rule
@@ -201,6 +201,16 @@ def without_gradients(model: Any, untrained: frozenset[int]) -> Any:
     return local
 
 
+def lingering_bytes(t: Trace, checkpointing: str) -> sp.Expr:
+    """What the graphs of the tensors the caller holds keep that backward from the loss never runs, so never frees:
+    a cache state's own update, saved by its last chunk's operations (outside checkpointed layers, which recompute);
+    of a tensor a loop carries, saved after it, its last iteration's."""
+    inside = {i for call in t.layers for i in call.saves} if checkpointing != "none" else set()
+    held = {s.ident for s in t.held_once}
+    storages = once([k for i in sorted(t.lingering - inside) for k in t.saved[i][0].allocated() if not k.param and k.ident not in held])
+    return sp.Add(*(s.copies * s.bytes - sp.Add(*(e.copies * e.bytes for e in s.earlier)) for s in storages))
+
+
 def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, gradients: sp.Expr, states: sp.Expr,
              temporaries: sp.Expr, activations: Activations) -> Step:
     """The live bytes at the moments a step can peak: the loss head's backward (every activation still kept, the
@@ -212,7 +222,7 @@ def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, g
     kept_ids = {s.ident for s in kept_storages}
     held = [s for s in t.held_once if s.ident not in kept_ids]
     held_bytes = sp.Add(*(s.copies * s.bytes for s in held))
-    all_held = sp.Add(*(s.copies * s.bytes for s in t.held_once))
+    after_backward = sp.Add(*(s.copies * s.bytes for s in t.held_once)) + lingering_bytes(t, activations.checkpointing)
     saved_inputs = sp.Add(*(s.copies * s.bytes for s in kept_storages if s.op in ("token ids", "labels")))
     loss_saves = sp.Add(*(s.copies * s.bytes for s in t.loss_saves if s.ident in kept_ids))
     gradient_of = t.loss_gradients  # the gradients of the loss head's last two allocating operations' inputs
@@ -220,8 +230,8 @@ def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, g
     closures = {s.ident: s for call in t.layers for s in call.arguments if s.ident not in kept_ids} if activations.checkpointing != "none" else {}
     arguments = sp.Add(*(s.copies * s.bytes for s in closures.values()))  # alive in the recompute closures, not saved
     loss = base + (activations.formula - saved_inputs - loss_saves) + held_bytes + arguments + loss_peak
-    end = base + all_held + gradients + embedding_gradient(t, model, gradients) + 4  # backward() holds the loss's gradient to its end
-    step = base + all_held + gradients + temporaries
+    end = base + after_backward + gradients + embedding_gradient(t, model, gradients) + 4  # backward() holds the loss's gradient to its end
+    step = base + after_backward + gradients + temporaries
     moments = (
         ("loss backward", sp.expand(loss), "weights, optimizer states, the batch, every kept activation but the loss's own, the outputs the caller holds, and the loss head's fp32 gradients"),
         ("end of backward", sp.expand(end), "weights, optimizer states, the batch, the outputs the caller holds, every gradient, and the embedding's gradient forming"),
