@@ -234,8 +234,8 @@ def _moments(model: Any, t: Trace, opt: Optimizer, act: str, weights: sp.Expr, g
     step = base + after_backward + gradients + temporaries
     moments = (
         ("loss backward", sp.expand(loss), "weights, optimizer states, the batch, every kept activation but the loss's own, the outputs the caller holds, and the loss head's fp32 gradients"),
-        ("end of backward", sp.expand(end), "weights, optimizer states, the batch, the outputs the caller holds, every gradient, and the embedding's gradient forming"),
-        ("optimizer step", sp.expand(step), "weights, optimizer states, the batch, the outputs the caller holds, every gradient, and the step's temporaries"),
+        ("end of backward", sp.expand(end), "weights, optimizer states, the batch, the outputs the caller holds (with what their graphs keep that backward does not run), every gradient, and the embedding's gradient forming"),
+        ("optimizer step", sp.expand(step), "weights, optimizer states, the batch, the outputs the caller holds (with what their graphs keep that backward does not run), every gradient, and the step's temporaries"),
     )
     return Step(opt, act, weights, gradients, states, temporaries, activations, sp.expand(loss_peak), moments, activations.assumed)
 
