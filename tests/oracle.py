@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import json
 import logging
 import re
@@ -409,8 +408,8 @@ def saved_by_creator(model: Any, ids: torch.Tensor, local: Callable[[torch.Tenso
         for h in hooks:
             h.remove()
         alive.clear()  # torch keeps the mode's class, and with it this closure: what it held goes now
-    gc.collect()
-    kept = {ptr for ref, ptr in packed if ref() is not None}  # the saves of nodes the outputs' graphs still hold
+    kept = {ptr for ref, ptr in packed if ref() is not None}  # the saves of nodes the outputs' graphs still hold (a
+    # dropped node goes with its last reference: no cycle holds one, as a full collection, five times slower, confirms)
     del out
     return {ptr: entry for ptr, entry in saved.items() if ptr in kept}
 
