@@ -439,7 +439,8 @@ def held_by_caller(config: dict[str, Any], dtype: str = "bf16", batch: int = 2, 
     model = trained_model(json.dumps(config, sort_keys=True), dtype)
     model.gradient_checkpointing_disable()
     ids = batch_ids(model, batch, seq)
-    skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), ids, *attribute_tensors(model)]}
+    before = [*model.parameters(), *model.buffers(), ids, *attribute_tensors(model)]  # held: none frees its address for a new one
+    skip = {t.untyped_storage().data_ptr() for t in before}
     out = model(input_ids=ids, labels=ids)
     found: dict[int, tuple[str, int]] = {}
     for where, tensors in [*((name, tensors_in(value)) for name, value in out.items()), ("(modules)", attribute_tensors(model))]:
