@@ -874,9 +874,10 @@ def summed(size: sp.Expr, var: sp.Symbol, start: sp.Expr, stop: sp.Expr, values:
 
 class Reach:
     """What reaches the roots, read backward over the forward's operations: for gradients the loss, for what autograd
-    keeps everything the caller holds (the loss, the logits, a cache: their graphs stay alive); and what each decoder
-    layer returns (the next layer reads it through the stack's input). An operation none of whose results reach it is a branch the forward drops (a router's group
-    selection, whose scores only pick indices; DeepSeek-V3.2's indexer): autograd frees what it saved when the branch's
+    keeps everything the caller holds (the loss, the logits, a cache: their graphs stay alive). A layer stack's input
+    and output stand for what its layers return. An operation none of whose results reach it is a branch the forward
+    drops (a router's group selection, whose scores only pick indices; DeepSeek-V3.2's indexer): autograd frees what it
+    saved when the branch's
     results go, and its parameters get no gradient. A tensor made from nothing that needs a gradient takes it from what
     is written into it (`write`: a loop's rows); one nothing is written into stands for all the code of the module
     call that makes it (a custom Function's output)."""
